@@ -1,0 +1,73 @@
+#!/usr/bin/env bash
+# Builds libfabric 2.1.0 from Debian trixie's source tarball into a prefix inside the
+# build tree (default: target/libfabric-2.1), and prints that prefix on stdout.
+# The result is cached: a second run with the prefix in place does nothing.
+#
+# The Debian mirror is the one this machine's own apt sources already use; the system's
+# apt configuration is not changed (a private sources list and list directory are used).
+#
+# Environment:
+#   LIBFABRIC_PREFIX   where to install (default: <repo>/target/libfabric-2.1)
+#   LIBFABRIC_CONFIGURE_EXTRA  extra ./configure flags (e.g. --with-cuda=/usr/local/cuda --enable-cuda-dlopen)
+#   LIBFABRIC_TARBALL  use this libfabric_2.1.0.orig.tar.xz instead of downloading it
+set -euo pipefail
+
+version=2.1.0
+sha256=1a66369772d5bb151737214af1c478993e969cf298e8f9ed369e7a2ab8d8c6df
+repo=$(cd "$(dirname "$0")/.." && pwd)
+prefix=${LIBFABRIC_PREFIX:-$repo/target/libfabric-2.1}
+work=$repo/target/libfabric-src
+stamp=$prefix/.built-$version
+
+log() { echo "build-libfabric: $*" >&2; }
+
+if [ -f "$stamp" ] && [ -e "$prefix/lib/libfabric.so" ]; then
+  log "cached at $prefix"
+  echo "$prefix"
+  exit 0
+fi
+
+mkdir -p "$work"
+tarball=${LIBFABRIC_TARBALL:-$work/libfabric_$version.orig.tar.xz}
+
+if [ ! -f "$tarball" ] || ! echo "$sha256  $tarball" | sha256sum -c --quiet - 2>/dev/null; then
+  # The Debian mirror named by this machine's apt sources (deb822 or one-line format).
+  mirror=$(grep -rhoE '(URIs:|^deb)[[:space:]]+[^[:space:]]+/debian/?([[:space:]]|$)' \
+             /etc/apt/sources.list /etc/apt/sources.list.d/ 2>/dev/null \
+           | awk '{print $2}' | sed 's:/*$::' | head -n1 || true)
+  if [ -z "$mirror" ]; then
+    log "no Debian mirror found in /etc/apt/sources.list*; set LIBFABRIC_TARBALL to a downloaded libfabric_$version.orig.tar.xz"
+    exit 1
+  fi
+  aptdir=$work/apt
+  mkdir -p "$aptdir/lists/partial"
+  echo "deb-src $mirror trixie main" > "$aptdir/sources.list"
+  opts=(-o "Dir::Etc::SourceList=$aptdir/sources.list" -o "Dir::Etc::SourceParts=/dev/null"
+        -o "Dir::State::Lists=$aptdir/lists" -o "Debug::NoLocking=1")
+  log "fetching libfabric $version source from trixie"
+  apt-get "${opts[@]}" update -q >&2
+  # The .dsc and .debian.tar.xz may be missing on the mirror; the orig tarball is all we need.
+  (cd "$work" && apt-get "${opts[@]}" source --download-only libfabric >&2) || true
+  if [ ! -f "$work/libfabric_$version.orig.tar.xz" ]; then
+    log "apt-get source did not deliver libfabric_$version.orig.tar.xz"
+    exit 1
+  fi
+  tarball=$work/libfabric_$version.orig.tar.xz
+  echo "$sha256  $tarball" | sha256sum -c --quiet - || { log "checksum mismatch for $tarball"; exit 1; }
+fi
+
+src=$work/libfabric-$version
+rm -rf "$src"
+mkdir -p "$src"
+tar -xJf "$tarball" -C "$src" --strip-components=1
+cd "$src"
+log "autogen + configure + make (a minute or two)"
+./autogen.sh >"$work/autogen.log" 2>&1 || { tail -n 30 "$work/autogen.log" >&2; exit 1; }
+# shellcheck disable=SC2086
+./configure --prefix="$prefix" --enable-only --enable-tcp --enable-rxm --enable-shm \
+  --enable-udp --enable-rxd --enable-sm2 --disable-static ${LIBFABRIC_CONFIGURE_EXTRA:-} \
+  >"$work/configure.log" 2>&1 || { tail -n 30 "$work/configure.log" >&2; exit 1; }
+make -j"$(nproc)" install >"$work/make.log" 2>&1 || { tail -n 30 "$work/make.log" >&2; exit 1; }
+touch "$stamp"
+log "installed at $prefix"
+echo "$prefix"

@@ -1,0 +1,30 @@
+#!/usr/bin/env bash
+# Installs what building and testing nccl-net-fabric needs on a Debian 12 machine:
+# libfabric 1.17 (headers, library, fi_info), libclang for bindgen, and the autotools
+# that build libfabric 2.1 from source (scripts/build-libfabric.sh).
+# Safe to run again: apt-get skips what is already installed.
+set -euo pipefail
+
+packages=(
+  build-essential pkg-config
+  libfabric-dev libfabric-bin
+  libclang-dev clang
+  autoconf automake libtool make xz-utils
+  dpkg-dev ca-certificates
+)
+
+missing=()
+for p in "${packages[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+
+if [ ${#missing[@]} -eq 0 ]; then
+  echo "setup-debian: all packages present"
+  exit 0
+fi
+
+SUDO=""
+[ "$(id -u)" -eq 0 ] || SUDO="sudo"
+echo "setup-debian: installing ${missing[*]}"
+$SUDO apt-get update -q
+DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -q --no-install-recommends "${missing[@]}"

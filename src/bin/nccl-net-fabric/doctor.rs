@@ -1,0 +1,153 @@
+//! `nccl-net-fabric doctor`: the provider report, without NCCL.
+
+use nccl_net_fabric::discover::discover;
+use nccl_net_fabric::fabric::{runtime_version, version_string, HEADER_VERSION};
+use nccl_net_fabric::provider::{decide, errno_name, CudaApiAnswer, Failure, Pass};
+use nccl_net_fabric::settings::Settings;
+use std::fmt::Write as _;
+use std::process::ExitCode;
+
+fn json_str(s: &str) -> String {
+    let mut out = String::from("\"");
+    for c in s.chars() {
+        match c {
+            '"' => out.push_str("\\\""),
+            '\\' => out.push_str("\\\\"),
+            c if (c as u32) < 0x20 => {
+                let _ = write!(out, "\\u{:04x}", c as u32);
+            }
+            c => out.push(c),
+        }
+    }
+    out.push('"');
+    out
+}
+
+pub fn run(args: &[String]) -> ExitCode {
+    nccl_net_fabric::log::init_stderr();
+    let json = args.iter().any(|a| a == "--json");
+    let settings = match Settings::from_env() {
+        Ok(s) => s,
+        Err(e) => {
+            eprintln!("nccl-net-fabric doctor: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    let discovery = match discover(&settings) {
+        Ok(d) => d,
+        Err(e) => {
+            eprintln!("nccl-net-fabric doctor: {e}");
+            return ExitCode::from(1);
+        }
+    };
+    let decision = decide(&discovery.candidates, &settings);
+    let runtime = version_string(runtime_version());
+    let headers = version_string(HEADER_VERSION);
+    let failure = decision.failure.as_ref().map(|f| match f {
+        Failure::NoProvider(t) | Failure::HmemRequired(t) => t.clone(),
+    });
+
+    if json {
+        let mut out = String::new();
+        let _ = write!(
+            out,
+            "{{\"libfabric_runtime\":{},\"libfabric_headers\":{},\"hmem_setting\":{},\"provider\":{},\"gpu_buffers\":{},\"hmem_reason\":{},\"usable\":{},\"failure\":{},\"candidates\":[",
+            json_str(&runtime),
+            json_str(&headers),
+            json_str(&format!("{:?}", settings.hmem).to_lowercase()),
+            json_str(&decision.provider),
+            decision.gpu,
+            json_str(&decision.hmem_reason),
+            failure.is_none(),
+            failure.as_deref().map_or("null".into(), json_str),
+        );
+        for (i, (c, v)) in discovery
+            .candidates
+            .iter()
+            .zip(&decision.verdicts)
+            .enumerate()
+        {
+            let setopt = match &c.setopt {
+                Some(Ok(r)) => format!("{r}"),
+                _ => "null".into(),
+            };
+            let meaning = match &c.setopt {
+                Some(Ok(r)) => json_str(CudaApiAnswer::classify(*r).describe()),
+                Some(Err(e)) => json_str(e),
+                None => "null".into(),
+            };
+            let _ = write!(
+                out,
+                "{}{{\"provider\":{},\"fabric\":{},\"domain\":{},\"pass\":{},\"hmem_offered\":{},\"mr_mode\":{},\"setopt\":{},\"setopt_meaning\":{},\"device\":{},\"verdict\":{}}}",
+                if i > 0 { "," } else { "" },
+                json_str(&c.provider),
+                json_str(&c.fabric),
+                json_str(&c.domain),
+                json_str(if c.pass == Pass::Hmem { "hmem" } else { "host" }),
+                c.hmem_offered(),
+                c.mr_mode,
+                setopt,
+                meaning,
+                decision.devices.iter().position(|&d| d == i).map_or("null".into(), |d| d.to_string()),
+                json_str(&v.reason),
+            );
+        }
+        out.push_str("]}");
+        println!("{out}");
+    } else {
+        println!(
+            "libfabric {runtime} (runtime), {headers} (headers); NCCL_FABRIC_HMEM={:?}",
+            settings.hmem
+        );
+        println!();
+        println!(
+            "{:<4} {:<14} {:<16} {:<6} {:<6} {:<8} {:<24} verdict",
+            "dev", "provider", "domain", "pass", "FI_HMEM", "mr_mode", "setopt(CUDA_API=false)"
+        );
+        for (i, (c, v)) in discovery
+            .candidates
+            .iter()
+            .zip(&decision.verdicts)
+            .enumerate()
+        {
+            let setopt = match &c.setopt {
+                Some(Ok(r)) => errno_name(*r),
+                Some(Err(_)) => "probe failed".into(),
+                None => "not probed".into(),
+            };
+            let dev = decision
+                .devices
+                .iter()
+                .position(|&d| d == i)
+                .map_or("-".into(), |d| d.to_string());
+            println!(
+                "{:<4} {:<14} {:<16} {:<6} {:<7} {:<8} {:<24} {}",
+                dev,
+                c.provider,
+                c.domain,
+                if c.pass == Pass::Hmem { "hmem" } else { "host" },
+                if c.hmem_offered() { "yes" } else { "no" },
+                format!("{:#x}", c.mr_mode),
+                setopt,
+                v.reason
+            );
+        }
+        println!();
+        match &failure {
+            None => {
+                println!(
+                    "NCCL would use: {} ({} device(s))",
+                    decision.provider,
+                    decision.devices.len()
+                );
+                println!("{}", decision.hmem_reason);
+            }
+            Some(t) => println!("nothing usable: {t}"),
+        }
+    }
+    if failure.is_some() {
+        ExitCode::from(1)
+    } else {
+        ExitCode::SUCCESS
+    }
+}

@@ -1,0 +1,437 @@
+//! Send and receive comms: tagged operations on a (possibly shared) endpoint, a bounded
+//! request pool per comm, progress, completion and close.
+//!
+//! Threads: NCCL calls isend/irecv/test from its progress thread and regMr/close from its
+//! service thread, and with several GPUs per process several ranks do so at once. A comm's
+//! posting order is guarded by its `post` lock; request slots are claimed with atomics;
+//! completions are recorded through atomics in [`Op`], so any thread may read the shared
+//! completion queue. libfabric objects are opened `FI_THREAD_SAFE`.
+
+use crate::endpoint::Endpoint;
+use crate::error::{Error, Result};
+use crate::handshake::Identity;
+use crate::op::{Op, Status};
+use crate::plugin::{Device, Plugin};
+use crate::settings::EndpointSharing;
+use crate::sys;
+use crate::tags::Tags;
+use parking_lot::Mutex;
+use std::ffi::c_void;
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// Outstanding requests per comm (NCCL keeps at most 8 in flight; its limit is 32).
+pub const REQUESTS_PER_COMM: usize = crate::nccl::NET_MAX_REQUESTS;
+/// How often a request that waits long checks whether a peer on this host still lives.
+const LIVENESS_INTERVAL: Duration = Duration::from_millis(500);
+/// Progress batches read per call before returning to NCCL.
+const PROGRESS_ROUNDS: usize = 8;
+
+/// An endpoint and what every comm on it shares: the tag layout, the comm-id counter and a
+/// nonce that makes this endpoint's handles unique.
+pub struct SharedEndpoint {
+    pub ep: Endpoint,
+    pub tags: Tags,
+    pub nonce: u64,
+    pub me: Identity,
+    next_id: AtomicU64,
+}
+
+impl SharedEndpoint {
+    /// The endpoint a new comm on `device` uses: the device's shared one, or a new one.
+    pub fn for_device(plugin: &Plugin, device: &Device) -> Result<Arc<Self>> {
+        let open = || -> Result<Arc<Self>> {
+            let ep = Endpoint::open(&device.domain, plugin.gpu)?;
+            tracing::debug!(
+                "endpoint opened on {} (setopt FI_OPT_CUDA_API_PERMITTED=false answered {})",
+                device.candidate.domain,
+                crate::provider::errno_name(ep.cuda_api_answer)
+            );
+            let tags = Tags::new(device.domain.info.info().mem_tag_format());
+            Ok(Arc::new(SharedEndpoint {
+                ep,
+                tags,
+                nonce: random_u64(),
+                me: Identity::current(),
+                next_id: AtomicU64::new(1),
+            }))
+        };
+        match plugin.sharing() {
+            EndpointSharing::PerComm => open(),
+            EndpointSharing::PerDevice => {
+                let mut slot = device.shared_endpoint.lock();
+                if let Some(ep) = slot.upgrade() {
+                    return Ok(ep);
+                }
+                let ep = open()?;
+                *slot = Arc::downgrade(&ep);
+                Ok(ep)
+            }
+        }
+    }
+
+    /// A comm id unique on this endpoint for its lifetime.
+    pub fn next_id(&self) -> u64 {
+        self.next_id.fetch_add(1, Ordering::Relaxed) & self.tags.id_mask()
+    }
+
+    /// Reads completions and records them in their ops. Errors of the queue itself are
+    /// returned; a failed operation is recorded in its op.
+    pub fn progress(&self) -> Result<()> {
+        for _ in 0..PROGRESS_ROUNDS {
+            let n = self.ep.poll(
+                // SAFETY: every operation on our endpoints is posted with an `Op` context that
+                // lives until its completion is read (see `retire`).
+                |c| unsafe { Op::complete(&c) },
+                // SAFETY: as above.
+                |f| unsafe { Op::fail(f) },
+            )?;
+            if n < crate::endpoint::CQ_BATCH {
+                break;
+            }
+        }
+        Ok(())
+    }
+
+    /// Cancels the in-flight ops among `ops` and drives progress until none is in flight or
+    /// `timeout` passes. Returns whether all of them are out of the provider's hands.
+    pub fn retire<'a>(&self, ops: impl Iterator<Item = &'a Op> + Clone, timeout: Duration) -> bool {
+        for op in ops.clone().filter(|op| op.in_flight()) {
+            // SAFETY: op is one of ours; cancel only looks its context up.
+            unsafe { self.ep.cancel(op.context()) };
+        }
+        let deadline = Instant::now() + timeout;
+        loop {
+            if let Err(e) = self.progress() {
+                tracing::warn!("while closing: {e}");
+                return false;
+            }
+            if !ops.clone().any(Op::in_flight) {
+                return true;
+            }
+            if Instant::now() >= deadline {
+                return false;
+            }
+            std::thread::yield_now();
+        }
+    }
+}
+
+pub fn random_u64() -> u64 {
+    let mut buf = [0u8; 8];
+    // SAFETY: getrandom writes at most buf.len() bytes into buf.
+    let n = unsafe { libc::getrandom(buf.as_mut_ptr().cast(), buf.len(), 0) };
+    if n != 8 {
+        // Fall back to time and pid: uniqueness, not secrecy, is what matters.
+        let t = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap_or_default();
+        return (t.as_nanos() as u64) ^ (u64::from(std::process::id()) << 32);
+    }
+    u64::from_ne_bytes(buf)
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Direction {
+    Send,
+    Recv,
+}
+
+const COMM_MAGIC: u64 = 0x4e46_4142_434f_4d4d; // "NFABCOMM"
+const REQUEST_MAGIC: u64 = 0x4e46_4142_5245_5155; // "NFABREQU"
+
+/// A request NCCL holds between isend/irecv and the `test` that reports it done.
+#[repr(C)]
+pub struct Request {
+    /// First field: the provider's context points here.
+    pub op: Op,
+    magic: u64,
+    comm: *const Comm,
+    in_use: AtomicBool,
+    /// Bytes posted (send size or receive buffer size).
+    posted: AtomicUsize,
+}
+
+/// The other end of a comm.
+#[derive(Debug, Clone)]
+pub struct Peer {
+    pub addr: sys::fi_addr_t,
+    pub who: Identity,
+}
+
+/// A send or receive comm (NCCL's sendComm / recvComm).
+pub struct Comm {
+    magic: u64,
+    pub dir: Direction,
+    pub ep: Arc<SharedEndpoint>,
+    /// The listen id that tags this comm pair's data.
+    pub data_id: u64,
+    pub peer: Peer,
+    /// Next sequence number; held while posting so tags follow posting order.
+    post: Mutex<u64>,
+    requests: Box<[Request]>,
+    last_liveness_check: Mutex<Instant>,
+    peer_dead: AtomicBool,
+    close_timeout: Duration,
+}
+
+// SAFETY: the raw `comm` back-pointers in `requests` point into this same heap object, which
+// NCCL shares between its threads; all mutable state is atomic or locked.
+unsafe impl Send for Comm {}
+// SAFETY: as above.
+unsafe impl Sync for Comm {}
+
+impl Comm {
+    pub fn new(
+        dir: Direction,
+        ep: Arc<SharedEndpoint>,
+        data_id: u64,
+        peer: Peer,
+        close_timeout: Duration,
+    ) -> Box<Self> {
+        let requests = (0..REQUESTS_PER_COMM)
+            .map(|_| Request {
+                op: Op::default(),
+                magic: REQUEST_MAGIC,
+                comm: std::ptr::null(),
+                in_use: AtomicBool::new(false),
+                posted: AtomicUsize::new(0),
+            })
+            .collect();
+        let mut comm = Box::new(Comm {
+            magic: COMM_MAGIC,
+            dir,
+            ep,
+            data_id,
+            peer,
+            post: Mutex::new(0),
+            requests,
+            last_liveness_check: Mutex::new(Instant::now()),
+            peer_dead: AtomicBool::new(false),
+            close_timeout,
+        });
+        let me: *const Comm = &*comm;
+        for r in comm.requests.iter_mut() {
+            r.comm = me;
+        }
+        comm
+    }
+
+    /// Checks that a pointer NCCL gave back is one of our comms.
+    ///
+    /// # Safety
+    /// `p` must be NULL or point to readable memory at least the size of a `u64`.
+    pub unsafe fn from_ptr<'a>(p: *mut c_void) -> Result<&'a Comm> {
+        // SAFETY: the caller guarantees p is readable; the magic tells ours from anything else.
+        let comm = unsafe { p.cast::<Comm>().as_ref() }
+            .ok_or_else(|| Error::InvalidArgument("NULL comm".into()))?;
+        if comm.magic != COMM_MAGIC {
+            return Err(Error::InvalidArgument(
+                "comm pointer is not a nccl-net-fabric comm".into(),
+            ));
+        }
+        Ok(comm)
+    }
+
+    pub fn peer_text(&self) -> String {
+        let side = if self.dir == Direction::Send {
+            "to"
+        } else {
+            "from"
+        };
+        if self.ep.me.same_host(&self.peer.who) {
+            format!("{side} pid {} on this host", self.peer.who.pid)
+        } else {
+            format!("{side} peer pid {} on another host", self.peer.who.pid)
+        }
+    }
+
+    fn claim(&self) -> Option<&Request> {
+        self.requests.iter().find(|r| {
+            r.in_use
+                .compare_exchange(false, true, Ordering::AcqRel, Ordering::Relaxed)
+                .is_ok()
+        })
+    }
+
+    /// Posts one send or receive. `Ok(None)`: no slot or the provider said EAGAIN; NCCL
+    /// retries. `desc` is the memory registration's descriptor (or NULL).
+    ///
+    /// # Safety
+    /// `buf` must be valid for `len` bytes (readable for a send, writable for a receive)
+    /// until `test` reports the request done, and `desc` NULL or a descriptor of this domain.
+    pub unsafe fn post(
+        &self,
+        buf: *mut c_void,
+        len: usize,
+        desc: *mut c_void,
+    ) -> Result<Option<*mut Request>> {
+        if self.peer_dead.load(Ordering::Relaxed) {
+            return Err(self.dead_peer_error());
+        }
+        // Progress first: manual-progress providers move data only when we call in.
+        self.ep.progress()?;
+        let Some(req) = self.claim() else {
+            return Ok(None);
+        };
+        let mut seq = self.post.lock();
+        let tag = self.ep.tags.data(self.data_id, *seq);
+        let ctx = req.op.context();
+        // SAFETY: the caller keeps `buf` valid until test() reports the request done; the
+        // request's Op lives in this comm, which close() only frees once the provider has let
+        // go of it.
+        let posted = unsafe {
+            match self.dir {
+                Direction::Send => self.ep.ep.tsend(buf, len, desc, self.peer.addr, tag, ctx),
+                Direction::Recv => self.ep.ep.trecv(buf, len, desc, tag, ctx),
+            }
+        };
+        match posted {
+            Ok(true) => {
+                *seq = seq.wrapping_add(1);
+                req.posted.store(len, Ordering::Relaxed);
+                req.op.posted();
+                Ok(Some((req as *const Request).cast_mut()))
+            }
+            Ok(false) => {
+                req.in_use.store(false, Ordering::Release);
+                Ok(None)
+            }
+            Err(e) => {
+                req.in_use.store(false, Ordering::Release);
+                Err(e)
+            }
+        }
+    }
+
+    fn dead_peer_error(&self) -> Error {
+        Error::Remote(format!(
+            "peer process {} exited ({}); the job cannot continue on this comm",
+            self.peer.who.pid,
+            self.peer_text()
+        ))
+    }
+
+    /// For a request that waits: is a peer on this host gone? Checked at most every
+    /// [`LIVENESS_INTERVAL`]; peers elsewhere are watched by the provider's own errors.
+    fn check_peer(&self) -> bool {
+        if !self.ep.me.same_host(&self.peer.who) {
+            return true;
+        }
+        let mut last = self.last_liveness_check.lock();
+        if last.elapsed() < LIVENESS_INTERVAL {
+            return true;
+        }
+        *last = Instant::now();
+        let gone = !crate::handshake::process_alive(self.peer.who.pid);
+        if gone {
+            self.peer_dead.store(true, Ordering::Relaxed);
+        }
+        !gone
+    }
+
+    /// Closes the comm: cancels what is in flight and frees everything once the provider has
+    /// let go of it. If it does not within the close timeout, the comm's memory is leaked
+    /// rather than freed under the provider's feet.
+    pub fn close(self: Box<Self>) {
+        let ops = self.requests.iter().map(|r| &r.op);
+        let drained = self.ep.retire(ops, self.close_timeout);
+        if drained || Arc::strong_count(&self.ep) == 1 {
+            // Either nothing is in flight, or we hold the last reference to the endpoint and
+            // closing it stops the provider from touching our buffers.
+            drop(self);
+        } else {
+            tracing::warn!(
+                "closing a {:?} comm {}: requests still in flight after {} ms; their memory is \
+                 kept to stay safe (raise NCCL_FABRIC_CLOSE_TIMEOUT_MS if this repeats)",
+                self.dir,
+                self.peer_text(),
+                self.close_timeout.as_millis()
+            );
+            Box::leak(self);
+        }
+    }
+}
+
+impl Request {
+    /// Checks a request pointer NCCL handed back.
+    ///
+    /// # Safety
+    /// `p` must be NULL or point to readable memory of at least a `Request`'s size.
+    pub unsafe fn from_ptr<'a>(p: *mut c_void) -> Result<&'a Request> {
+        // SAFETY: guaranteed readable by the caller; the magic tells ours from anything else.
+        let r = unsafe { p.cast::<Request>().as_ref() }
+            .ok_or_else(|| Error::InvalidArgument("NULL request".into()))?;
+        if r.magic != REQUEST_MAGIC || !r.in_use.load(Ordering::Acquire) {
+            return Err(Error::InvalidArgument(
+                "request is not an outstanding nccl-net-fabric request".into(),
+            ));
+        }
+        Ok(r)
+    }
+
+    fn comm(&self) -> &Comm {
+        // SAFETY: set at comm creation to the comm that owns this request, which lives at
+        // least as long as the request is in use.
+        unsafe { &*self.comm }
+    }
+
+    /// `test`: `Ok(Some(bytes))` when done (the slot is then free again), `Ok(None)` if not.
+    pub fn test(&self) -> Result<Option<usize>> {
+        let comm = self.comm();
+        if self.op.status() == Status::Posted {
+            comm.ep.progress()?;
+        }
+        match self.op.status() {
+            Status::Idle | Status::Posted => {
+                if comm.peer_dead.load(Ordering::Relaxed) || !comm.check_peer() {
+                    // SAFETY: the context is this request's own posted Op.
+                    unsafe { comm.ep.ep.cancel(self.op.context()) };
+                    self.op
+                        .fail_locally(libc::ECONNRESET, "peer process exited".into());
+                    return Err(comm.dead_peer_error());
+                }
+                Ok(None)
+            }
+            Status::Done(len) => {
+                let n = if comm.dir == Direction::Send {
+                    self.posted.load(Ordering::Relaxed)
+                } else {
+                    len
+                };
+                self.op.reset();
+                self.in_use.store(false, Ordering::Release);
+                Ok(Some(n))
+            }
+            Status::Failed => {
+                let f = self.op.failure();
+                let posted = self.posted.load(Ordering::Relaxed);
+                let op = if comm.dir == Direction::Send {
+                    "send"
+                } else {
+                    "receive"
+                };
+                Err(match f {
+                    Some(f) if f.err == sys::FI_ETRUNC as i32 => Error::Truncated {
+                        posted,
+                        peer: comm.peer_text(),
+                    },
+                    Some(f) => Error::Completion {
+                        op,
+                        len: posted,
+                        peer: comm.peer_text(),
+                        code: f.err,
+                        prov_errno: f.prov_errno,
+                        text: if f.text.is_empty() {
+                            crate::error::fi_strerror(f.err)
+                        } else {
+                            f.text
+                        },
+                    },
+                    None => Error::Remote(format!("{op} {} failed", comm.peer_text())),
+                })
+            }
+        }
+    }
+}

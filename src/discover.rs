@@ -1,0 +1,111 @@
+//! Gathers provider candidates from libfabric for the policy in `provider`.
+//!
+//! Two `fi_getinfo` passes at the API version the running library reports: first with
+//! `FI_TAGGED|FI_MSG|FI_HMEM`, then without `FI_HMEM`. Every admissible entry gets a probe
+//! endpoint whose `FI_OPT_CUDA_API_PERMITTED=false` answer is recorded.
+
+use crate::endpoint::Endpoint;
+use crate::error::Result;
+use crate::fabric::{runtime_version, Domain, Fabric, Hints, InfoList};
+use crate::provider::{admissible, Candidate, Pass};
+use crate::settings::Settings;
+use crate::sys;
+
+/// mr_mode bits the plugin can honour.
+pub const MR_MODE: i32 = (sys::FI_MR_LOCAL
+    | sys::FI_MR_HMEM
+    | sys::FI_MR_VIRT_ADDR
+    | sys::FI_MR_ALLOCATED
+    | sys::FI_MR_PROV_KEY
+    | sys::FI_MR_ENDPOINT) as i32;
+
+pub fn hints(pass: Pass, settings: &Settings) -> Hints {
+    let mut caps = sys::FI_TAGGED as u64 | sys::FI_MSG as u64;
+    if pass == Pass::Hmem {
+        caps |= sys::FI_HMEM;
+    }
+    Hints {
+        caps,
+        mode: sys::FI_CONTEXT | sys::FI_CONTEXT2,
+        mr_mode: MR_MODE,
+        ep_type: sys::FI_EP_RDM,
+        threading: sys::FI_THREAD_SAFE,
+        // One named provider can be asked for directly; a list is filtered by the policy.
+        provider: match settings.providers.as_slice() {
+            [one] => Some(one.clone()),
+            _ => None,
+        },
+    }
+}
+
+/// Everything discovery learnt: the candidates and the fi_info lists they came from.
+pub struct Discovery {
+    pub version: u32,
+    pub candidates: Vec<Candidate>,
+    lists: Vec<(Pass, InfoList)>,
+}
+
+impl Discovery {
+    /// The `fi_info` entry behind candidate `index`.
+    pub fn info(&self, index: usize) -> crate::fabric::Info<'_> {
+        let mut i = 0;
+        for (_, list) in &self.lists {
+            for info in list.iter() {
+                if i == index {
+                    return info;
+                }
+                i += 1;
+            }
+        }
+        panic!("candidate index {index} out of range")
+    }
+}
+
+pub fn discover(settings: &Settings) -> Result<Discovery> {
+    let version = runtime_version();
+    let mut candidates = Vec::new();
+    let mut lists = Vec::new();
+    for pass in [Pass::Hmem, Pass::Host] {
+        let list = InfoList::get(version, &hints(pass, settings))?;
+        for info in list.iter() {
+            let mut c = Candidate {
+                pass,
+                provider: info.provider(),
+                fabric: info.fabric(),
+                domain: info.domain(),
+                caps: info.caps(),
+                mr_mode: info.mr_mode(),
+                api_version: info.api_version(),
+                setopt: None,
+            };
+            if admissible(&c.provider, &c.domain, settings).is_ok() {
+                c.setopt = Some(probe(info).map_err(|e| e.to_string()));
+            }
+            tracing::trace!(
+                "candidate {} / {} / {} ({:?} pass): caps {:#x}, mr_mode {:#x}, setopt {:?}",
+                c.provider,
+                c.fabric,
+                c.domain,
+                pass,
+                c.caps,
+                c.mr_mode,
+                c.setopt
+            );
+            candidates.push(c);
+        }
+        lists.push((pass, list));
+    }
+    Ok(Discovery {
+        version,
+        candidates,
+        lists,
+    })
+}
+
+/// Opens fabric, domain and an endpoint for one entry; returns the setopt answer.
+fn probe(info: crate::fabric::Info<'_>) -> Result<i32> {
+    let fabric = Fabric::open(info)?;
+    let domain = Domain::open(&fabric, info)?;
+    let ep = Endpoint::open(&domain, false)?;
+    Ok(ep.cuda_api_answer)
+}

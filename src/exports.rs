@@ -1,0 +1,397 @@
+//! The C ABI: the immutable `ncclNetPlugin_v8` table NCCL looks up, and its entry points.
+//!
+//! Each entry point checks its pointers, converts types and calls the version-free code in
+//! `plugin`, `connection`, `comm` and `mr`, all inside [`boundary`], which turns an error
+//! into its `ncclResult_t` plus one WARN line, and a panic into `ncclInternalError`: nothing
+//! unwinds into NCCL.
+
+use crate::comm::{Comm, Direction, Request};
+use crate::connection::{self, ListenComm};
+use crate::error::{Error, Result};
+use crate::mr::{cuda_device_of, Memory, MemoryRegion};
+use crate::nccl::{self, DeviceHandleV8, Logger, NcclResult, NetV8, PropertiesV8};
+use crate::plugin;
+use std::ffi::{c_int, c_void};
+use std::panic::{catch_unwind, AssertUnwindSafe};
+
+/// Runs an entry point's body: errors become their `ncclResult_t` and a WARN line, panics
+/// become `ncclInternalError`.
+fn boundary(call: &'static str, body: impl FnOnce() -> Result<()>) -> c_int {
+    match catch_unwind(AssertUnwindSafe(body)) {
+        Ok(Ok(())) => NcclResult::Success as c_int,
+        Ok(Err(e)) => {
+            tracing::warn!("{call}: {e}");
+            e.nccl_result() as c_int
+        }
+        Err(panic) => {
+            let what = panic
+                .downcast_ref::<&str>()
+                .map(|s| s.to_string())
+                .or_else(|| panic.downcast_ref::<String>().cloned())
+                .unwrap_or_else(|| "unknown panic".into());
+            // Logging itself must not unwind out of here either.
+            let _ = catch_unwind(|| {
+                tracing::warn!(
+                    "{call}: internal error ({what}); this is a plugin bug, please report it"
+                )
+            });
+            NcclResult::InternalError as c_int
+        }
+    }
+}
+
+/// Writes through an out-pointer NCCL passed, refusing NULL.
+///
+/// # Safety
+/// `p` must be NULL or valid for writing a `T`.
+unsafe fn out<'a, T>(p: *mut T, what: &str) -> Result<&'a mut T> {
+    // SAFETY: per the caller, p is NULL or valid for writes.
+    unsafe { p.as_mut() }.ok_or_else(|| Error::InvalidArgument(format!("{what} is NULL")))
+}
+
+unsafe extern "C" fn init(logger: Logger) -> c_int {
+    boundary("init", || {
+        crate::log::init_nccl(logger);
+        plugin::init().map(|_| ())
+    })
+}
+
+unsafe extern "C" fn devices(ndev: *mut c_int) -> c_int {
+    boundary("devices", || {
+        let n = plugin::get()?.devices.len();
+        // SAFETY: NCCL passes a pointer to an int.
+        *unsafe { out(ndev, "ndev") }? = c_int::try_from(n).unwrap_or(c_int::MAX);
+        Ok(())
+    })
+}
+
+unsafe extern "C" fn get_properties(dev: c_int, props: *mut PropertiesV8) -> c_int {
+    boundary("getProperties", || {
+        let plugin = plugin::get()?;
+        let device = plugin.device(dev)?;
+        // SAFETY: NCCL passes a pointer to a properties struct of the v8 layout.
+        *unsafe { out(props, "props") }? = device.props.to_v8();
+        Ok(())
+    })
+}
+
+/// # Safety
+/// `handle` must be NULL or point to `NCCL_NET_HANDLE_MAXSIZE` writable (or readable) bytes.
+unsafe fn handle_bytes<'a>(handle: *mut c_void) -> Result<&'a mut [u8; nccl::NET_HANDLE_MAXSIZE]> {
+    // SAFETY: per the caller; NCCL's handle buffers are NCCL_NET_HANDLE_MAXSIZE bytes.
+    unsafe { out(handle.cast::<[u8; nccl::NET_HANDLE_MAXSIZE]>(), "handle") }
+}
+
+unsafe extern "C" fn listen(
+    dev: c_int,
+    handle: *mut c_void,
+    listen_comm: *mut *mut c_void,
+) -> c_int {
+    boundary("listen", || {
+        // SAFETY: NCCL passes its handle buffer and an out-pointer.
+        let (handle, slot) = unsafe { (handle_bytes(handle)?, out(listen_comm, "listenComm")?) };
+        *slot = std::ptr::null_mut();
+        let l = connection::listen(&*plugin::get()?, dev, handle)?;
+        *slot = Box::into_raw(l).cast();
+        Ok(())
+    })
+}
+
+unsafe extern "C" fn connect(
+    dev: c_int,
+    handle: *mut c_void,
+    send_comm: *mut *mut c_void,
+    _send_dev_comm: *mut *mut DeviceHandleV8,
+) -> c_int {
+    boundary("connect", || {
+        // SAFETY: NCCL passes the peer's handle and an out-pointer.
+        let (handle, slot) = unsafe { (handle_bytes(handle)?, out(send_comm, "sendComm")?) };
+        *slot = std::ptr::null_mut();
+        if let Some(comm) = connection::connect(&*plugin::get()?, dev, handle)? {
+            *slot = Box::into_raw(comm).cast();
+        }
+        Ok(())
+    })
+}
+
+unsafe extern "C" fn accept(
+    listen_comm: *mut c_void,
+    recv_comm: *mut *mut c_void,
+    _recv_dev_comm: *mut *mut DeviceHandleV8,
+) -> c_int {
+    boundary("accept", || {
+        // SAFETY: NCCL passes the listenComm we returned and an out-pointer.
+        let (l, slot) = unsafe {
+            (
+                ListenComm::from_ptr(listen_comm)?,
+                out(recv_comm, "recvComm")?,
+            )
+        };
+        *slot = std::ptr::null_mut();
+        if let Some(comm) = l.accept()? {
+            *slot = Box::into_raw(comm).cast();
+        }
+        Ok(())
+    })
+}
+
+unsafe extern "C" fn reg_mr(
+    comm: *mut c_void,
+    data: *mut c_void,
+    size: usize,
+    kind: c_int,
+    mhandle: *mut *mut c_void,
+) -> c_int {
+    boundary("regMr", || {
+        // SAFETY: NCCL passes a send or recv comm we returned and an out-pointer.
+        let (comm, slot) = unsafe { (Comm::from_ptr(comm)?, out(mhandle, "mhandle")?) };
+        *slot = std::ptr::null_mut();
+        let memory = match kind {
+            nccl::PTR_HOST => Memory::Host,
+            nccl::PTR_CUDA if plugin::get()?.gpu => Memory::Cuda {
+                device: cuda_device_of(data as usize),
+            },
+            nccl::PTR_CUDA => {
+                return Err(Error::InvalidArgument(
+                    "CUDA buffer offered, but this plugin told NCCL it takes host buffers only"
+                        .into(),
+                ))
+            }
+            other => {
+                return Err(Error::InvalidArgument(format!(
+                    "unknown buffer type {other}"
+                )))
+            }
+        };
+        *slot = Box::into_raw(MemoryRegion::register(comm, data, size, memory)?).cast();
+        Ok(())
+    })
+}
+
+unsafe extern "C" fn reg_mr_dma_buf(
+    _comm: *mut c_void,
+    _data: *mut c_void,
+    _size: usize,
+    _kind: c_int,
+    _offset: u64,
+    _fd: c_int,
+    mhandle: *mut *mut c_void,
+) -> c_int {
+    boundary("regMrDmaBuf", || {
+        if let Some(slot) = unsafe { mhandle.as_mut() } {
+            *slot = std::ptr::null_mut();
+        }
+        Err(Error::Internal(
+            "DMA-BUF registration was not advertised (ptrSupport has no NCCL_PTR_DMABUF)".into(),
+        ))
+    })
+}
+
+unsafe extern "C" fn dereg_mr(comm: *mut c_void, mhandle: *mut c_void) -> c_int {
+    boundary("deregMr", || {
+        // SAFETY: NCCL passes the comm and mhandle it got from us.
+        unsafe { Comm::from_ptr(comm)? };
+        // SAFETY: as above; NULL (nothing registered) is allowed.
+        if unsafe { MemoryRegion::from_ptr(mhandle)? }.is_some() {
+            // SAFETY: mhandle came from Box::into_raw in reg_mr and NCCL releases it once.
+            drop(unsafe { Box::from_raw(mhandle.cast::<MemoryRegion>()) });
+        }
+        Ok(())
+    })
+}
+
+/// # Safety
+/// `mhandle` must be NULL or a registration we returned.
+unsafe fn desc_of(mhandle: *mut c_void) -> Result<*mut c_void> {
+    // SAFETY: per the caller.
+    Ok(
+        unsafe { MemoryRegion::from_ptr(mhandle)? }
+            .map_or(std::ptr::null_mut(), MemoryRegion::desc),
+    )
+}
+
+fn post(
+    comm: &Comm,
+    want: Direction,
+    data: *mut c_void,
+    size: c_int,
+    mhandle: *mut c_void,
+    request: &mut *mut c_void,
+) -> Result<()> {
+    if comm.dir != want {
+        return Err(Error::InvalidArgument(format!(
+            "{:?} called on a {:?} comm",
+            want, comm.dir
+        )));
+    }
+    let len = usize::try_from(size)
+        .map_err(|_| Error::InvalidArgument(format!("negative size {size}")))?;
+    // SAFETY: NCCL passes the mhandle regMr gave it, or NULL.
+    let desc = unsafe { desc_of(mhandle)? };
+    // SAFETY: NCCL keeps `data` valid for `size` bytes until test() reports the request done.
+    *request = unsafe { comm.post(data, len, desc)? }.map_or(std::ptr::null_mut(), |r| r.cast());
+    Ok(())
+}
+
+unsafe extern "C" fn isend(
+    send_comm: *mut c_void,
+    data: *mut c_void,
+    size: c_int,
+    _tag: c_int,
+    mhandle: *mut c_void,
+    request: *mut *mut c_void,
+) -> c_int {
+    boundary("isend", || {
+        // SAFETY: NCCL passes a sendComm we returned and an out-pointer.
+        let (comm, slot) = unsafe { (Comm::from_ptr(send_comm)?, out(request, "request")?) };
+        *slot = std::ptr::null_mut();
+        post(comm, Direction::Send, data, size, mhandle, slot)
+    })
+}
+
+unsafe extern "C" fn irecv(
+    recv_comm: *mut c_void,
+    n: c_int,
+    data: *mut *mut c_void,
+    sizes: *mut c_int,
+    _tags: *mut c_int,
+    mhandles: *mut *mut c_void,
+    request: *mut *mut c_void,
+) -> c_int {
+    boundary("irecv", || {
+        // SAFETY: NCCL passes a recvComm we returned and an out-pointer.
+        let (comm, slot) = unsafe { (Comm::from_ptr(recv_comm)?, out(request, "request")?) };
+        *slot = std::ptr::null_mut();
+        if n != 1 {
+            return Err(Error::InvalidArgument(format!(
+                "irecv of {n} buffers; this plugin reports maxRecvs 1"
+            )));
+        }
+        // SAFETY: with n == 1 NCCL passes one-element arrays; mhandles may be NULL.
+        let (buf, size, mh) = unsafe {
+            (
+                *out(data, "data")?,
+                *out(sizes, "sizes")?,
+                mhandles.as_ref().copied().unwrap_or(std::ptr::null_mut()),
+            )
+        };
+        post(comm, Direction::Recv, buf, size, mh, slot)
+    })
+}
+
+unsafe extern "C" fn iflush(
+    recv_comm: *mut c_void,
+    _n: c_int,
+    _data: *mut *mut c_void,
+    _sizes: *mut c_int,
+    _mhandles: *mut *mut c_void,
+    request: *mut *mut c_void,
+) -> c_int {
+    boundary("iflush", || {
+        // SAFETY: NCCL passes a recvComm we returned and an out-pointer.
+        let (_, slot) = unsafe { (Comm::from_ptr(recv_comm)?, out(request, "request")?) };
+        // Received data is already where NCCL reads it: nothing to flush ("already done").
+        *slot = std::ptr::null_mut();
+        Ok(())
+    })
+}
+
+unsafe extern "C" fn test(request: *mut c_void, done: *mut c_int, sizes: *mut c_int) -> c_int {
+    boundary("test", || {
+        // SAFETY: NCCL passes a request we returned and an out-pointer for `done`.
+        let (req, done) = unsafe { (Request::from_ptr(request)?, out(done, "done")?) };
+        *done = 0;
+        if let Some(n) = req.test()? {
+            *done = 1;
+            // SAFETY: NCCL passes a size slot (one per grouped buffer: we have one) or NULL.
+            if let Some(s) = unsafe { sizes.as_mut() } {
+                *s = c_int::try_from(n).unwrap_or(c_int::MAX);
+            }
+        }
+        Ok(())
+    })
+}
+
+/// # Safety
+/// `comm` must be NULL or a comm we returned that NCCL closes once.
+unsafe fn close_comm(comm: *mut c_void, want: Direction) -> Result<()> {
+    // SAFETY: per the caller.
+    let c = unsafe { Comm::from_ptr(comm)? };
+    if c.dir != want {
+        return Err(Error::InvalidArgument(format!(
+            "close{want:?} called on a {:?} comm",
+            c.dir
+        )));
+    }
+    // SAFETY: comm came from Box::into_raw in connect/accept; NCCL gives it back once.
+    unsafe { Box::from_raw(comm.cast::<Comm>()) }.close();
+    Ok(())
+}
+
+unsafe extern "C" fn close_send(comm: *mut c_void) -> c_int {
+    // SAFETY: NCCL passes a sendComm we returned, once.
+    boundary("closeSend", || unsafe { close_comm(comm, Direction::Send) })
+}
+
+unsafe extern "C" fn close_recv(comm: *mut c_void) -> c_int {
+    // SAFETY: NCCL passes a recvComm we returned, once.
+    boundary("closeRecv", || unsafe { close_comm(comm, Direction::Recv) })
+}
+
+unsafe extern "C" fn close_listen(listen_comm: *mut c_void) -> c_int {
+    boundary("closeListen", || {
+        // SAFETY: NCCL passes a listenComm we returned, once.
+        unsafe { ListenComm::from_ptr(listen_comm)? };
+        // SAFETY: it came from Box::into_raw in listen.
+        unsafe { Box::from_raw(listen_comm.cast::<ListenComm>()) }.close();
+        Ok(())
+    })
+}
+
+unsafe extern "C" fn get_device_mr(
+    _comm: *mut c_void,
+    _mhandle: *mut c_void,
+    dptr: *mut *mut c_void,
+) -> c_int {
+    boundary("getDeviceMr", || {
+        // A host plugin has no device-side handles.
+        if let Some(slot) = unsafe { dptr.as_mut() } {
+            *slot = std::ptr::null_mut();
+        }
+        Ok(())
+    })
+}
+
+unsafe extern "C" fn irecv_consumed(
+    _recv_comm: *mut c_void,
+    _n: c_int,
+    _request: *mut c_void,
+) -> c_int {
+    // Receives are finished when test() says so; nothing more to release.
+    NcclResult::Success as c_int
+}
+
+/// The table NCCL 2.20+ loads (`NCCL_NET_PLUGIN` or `LD_PRELOAD`).
+#[no_mangle]
+#[used]
+pub static ncclNetPlugin_v8: NetV8 = NetV8 {
+    name: c"Fabric".as_ptr(),
+    init,
+    devices,
+    get_properties,
+    listen,
+    connect,
+    accept,
+    reg_mr,
+    reg_mr_dma_buf: Some(reg_mr_dma_buf),
+    dereg_mr,
+    isend,
+    irecv,
+    iflush,
+    test,
+    close_send,
+    close_recv,
+    close_listen,
+    get_device_mr: Some(get_device_mr),
+    irecv_consumed: Some(irecv_consumed),
+};

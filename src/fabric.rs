@@ -1,0 +1,322 @@
+//! Owning wrappers for `fi_info` lists, fabrics and domains.
+//!
+//! Every object closes itself on drop (logging, never panicking, on failure) and keeps its
+//! parent alive through an `Arc`, so a handle given to NCCL never outlives what it needs.
+
+use crate::error::{check, Error, Result};
+use crate::sys;
+use std::ffi::{c_char, CStr, CString};
+use std::ptr;
+use std::sync::Arc;
+
+/// `FI_VERSION(major, minor)`.
+pub const fn fi_version(major: u32, minor: u32) -> u32 {
+    (major << 16) | minor
+}
+
+/// The libfabric version the running library reports (`fi_version()`).
+pub fn runtime_version() -> u32 {
+    // SAFETY: fi_version takes no arguments and only returns a constant.
+    unsafe { sys::fi_version() }
+}
+
+/// The libfabric version of the headers this crate was built against.
+pub const HEADER_VERSION: u32 = fi_version(sys::FI_MAJOR_VERSION, sys::FI_MINOR_VERSION);
+
+pub fn version_string(v: u32) -> String {
+    format!("{}.{}", v >> 16, v & 0xffff)
+}
+
+fn owned_str(p: *const c_char) -> String {
+    if p.is_null() {
+        return String::new();
+    }
+    // SAFETY: libfabric fills name fields with NUL-terminated strings it owns for the lifetime
+    // of the fi_info; the text is copied at once.
+    unsafe { CStr::from_ptr(p) }.to_string_lossy().into_owned()
+}
+
+fn dup_cstring(s: &str) -> Result<*mut c_char> {
+    let c = CString::new(s).map_err(|_| Error::InvalidUsage(format!("name {s:?} contains NUL")))?;
+    // SAFETY: strdup copies a NUL-terminated string into malloc'ed memory, which fi_freeinfo frees.
+    let p = unsafe { libc::strdup(c.as_ptr()) };
+    if p.is_null() {
+        return Err(Error::Internal("strdup failed: out of memory".into()));
+    }
+    Ok(p)
+}
+
+/// What to ask `fi_getinfo` for.
+#[derive(Debug, Clone)]
+pub struct Hints {
+    pub caps: u64,
+    pub mode: u64,
+    pub mr_mode: i32,
+    pub ep_type: sys::fi_ep_type,
+    pub threading: sys::fi_threading,
+    pub provider: Option<String>,
+}
+
+/// An owned `fi_info` list (freed with `fi_freeinfo`).
+pub struct InfoList {
+    head: *mut sys::fi_info,
+}
+
+// SAFETY: the list is exclusively owned and only read after fi_getinfo returns it.
+unsafe impl Send for InfoList {}
+// SAFETY: as above; no interior mutability.
+unsafe impl Sync for InfoList {}
+
+impl Drop for InfoList {
+    fn drop(&mut self) {
+        if !self.head.is_null() {
+            // SAFETY: head came from fi_getinfo/fi_dupinfo and is freed exactly once here.
+            unsafe { sys::fi_freeinfo(self.head) };
+        }
+    }
+}
+
+impl InfoList {
+    /// Calls `fi_getinfo(version, NULL, NULL, 0, hints)`. No match gives an empty list.
+    pub fn get(version: u32, hints: &Hints) -> Result<Self> {
+        // SAFETY: fi_allocinfo returns a zeroed fi_info with all attribute structs allocated
+        // (or NULL). Every field written below is owned by that fi_info and released by
+        // fi_freeinfo, including the strdup'ed provider name.
+        unsafe {
+            let h = sys::fi_allocinfo();
+            if h.is_null() {
+                return Err(Error::Internal("fi_allocinfo failed: out of memory".into()));
+            }
+            let hints_list = InfoList { head: h };
+            (*h).caps = hints.caps;
+            (*h).mode = hints.mode;
+            (*(*h).ep_attr).type_ = hints.ep_type;
+            (*(*h).domain_attr).mr_mode = hints.mr_mode;
+            (*(*h).domain_attr).threading = hints.threading;
+            (*(*h).domain_attr).resource_mgmt = sys::FI_RM_ENABLED;
+            (*(*h).tx_attr).msg_order = sys::FI_ORDER_SAS as u64;
+            (*(*h).rx_attr).msg_order = sys::FI_ORDER_SAS as u64;
+            if let Some(p) = &hints.provider {
+                (*(*h).fabric_attr).prov_name = dup_cstring(p)?;
+            }
+            let mut out: *mut sys::fi_info = ptr::null_mut();
+            let ret = sys::fi_getinfo(version, ptr::null(), ptr::null(), 0, h, &mut out);
+            drop(hints_list);
+            if ret == -(sys::FI_ENODATA as i32) {
+                return Ok(InfoList {
+                    head: ptr::null_mut(),
+                });
+            }
+            check("fi_getinfo", ret)?;
+            Ok(InfoList { head: out })
+        }
+    }
+
+    pub fn iter(&self) -> impl Iterator<Item = Info<'_>> {
+        let mut cur = self.head;
+        std::iter::from_fn(move || {
+            if cur.is_null() {
+                return None;
+            }
+            // SAFETY: cur is a node of the list this InfoList owns; the borrow ties it to self.
+            let info = unsafe { &*cur };
+            cur = info.next;
+            Some(Info { raw: info })
+        })
+    }
+}
+
+/// A borrowed entry of an [`InfoList`].
+#[derive(Clone, Copy)]
+pub struct Info<'a> {
+    raw: &'a sys::fi_info,
+}
+
+impl<'a> Info<'a> {
+    pub fn raw(&self) -> *const sys::fi_info {
+        self.raw
+    }
+    fn fabric_attr(&self) -> &'a sys::fi_fabric_attr {
+        // SAFETY: fi_getinfo results always carry fabric, domain and endpoint attributes.
+        unsafe { &*self.raw.fabric_attr }
+    }
+    fn domain_attr(&self) -> &'a sys::fi_domain_attr {
+        // SAFETY: see fabric_attr.
+        unsafe { &*self.raw.domain_attr }
+    }
+    fn ep_attr(&self) -> &'a sys::fi_ep_attr {
+        // SAFETY: see fabric_attr.
+        unsafe { &*self.raw.ep_attr }
+    }
+    pub fn provider(&self) -> String {
+        owned_str(self.fabric_attr().prov_name)
+    }
+    pub fn fabric(&self) -> String {
+        owned_str(self.fabric_attr().name)
+    }
+    pub fn domain(&self) -> String {
+        owned_str(self.domain_attr().name)
+    }
+    pub fn api_version(&self) -> u32 {
+        self.fabric_attr().api_version
+    }
+    pub fn caps(&self) -> u64 {
+        self.raw.caps
+    }
+    pub fn mode(&self) -> u64 {
+        self.raw.mode
+    }
+    pub fn mr_mode(&self) -> i32 {
+        self.domain_attr().mr_mode
+    }
+    pub fn mr_key_size(&self) -> usize {
+        self.domain_attr().mr_key_size
+    }
+    pub fn data_progress(&self) -> sys::fi_progress {
+        self.domain_attr().data_progress
+    }
+    pub fn mem_tag_format(&self) -> u64 {
+        self.ep_attr().mem_tag_format
+    }
+    pub fn max_msg_size(&self) -> usize {
+        self.ep_attr().max_msg_size
+    }
+    /// Link speed in bits per second, when the provider reports a NIC.
+    pub fn link_speed_bps(&self) -> Option<u64> {
+        // SAFETY: nic and its attribute pointers are either NULL or valid for the info's life.
+        unsafe {
+            let nic = self.raw.nic.as_ref()?;
+            let link = nic.link_attr.as_ref()?;
+            (link.speed > 0).then_some(link.speed as u64)
+        }
+    }
+    /// The NIC's PCI address (`dddd:bb:dd.f`), when the provider reports one.
+    pub fn pci_address(&self) -> Option<String> {
+        // SAFETY: as in link_speed_bps; the union is read as PCI only when bus_type says so.
+        unsafe {
+            let nic = self.raw.nic.as_ref()?;
+            let bus = nic.bus_attr.as_ref()?;
+            if bus.bus_type != sys::FI_BUS_PCI {
+                return None;
+            }
+            let pci = bus.attr.pci;
+            Some(format!(
+                "{:04x}:{:02x}:{:02x}.{:x}",
+                pci.domain_id, pci.bus_id, pci.device_id, pci.function_id
+            ))
+        }
+    }
+    /// A copy of this one entry that outlives the list.
+    pub fn to_owned(&self) -> Result<OwnedInfo> {
+        // SAFETY: fi_dupinfo deep-copies one fi_info (not its `next` chain) and returns NULL
+        // only on allocation failure.
+        let dup = unsafe { sys::fi_dupinfo(self.raw) };
+        if dup.is_null() {
+            return Err(Error::Internal("fi_dupinfo failed: out of memory".into()));
+        }
+        // SAFETY: dup is a fresh single-entry copy; cut any chain so Drop frees only it.
+        unsafe { (*dup).next = ptr::null_mut() };
+        Ok(OwnedInfo {
+            list: InfoList { head: dup },
+        })
+    }
+}
+
+/// One owned `fi_info` entry.
+pub struct OwnedInfo {
+    list: InfoList,
+}
+
+impl OwnedInfo {
+    pub fn info(&self) -> Info<'_> {
+        Info {
+            raw: self.list.iter().next().map(|i| i.raw).expect("one entry"),
+        }
+    }
+}
+
+/// An open fabric (`fi_fabric`).
+pub struct Fabric {
+    raw: *mut sys::fid_fabric,
+}
+
+// SAFETY: libfabric objects may be used from any thread; the plugin serialises use of each
+// domain's objects where the provider's threading model requires it.
+unsafe impl Send for Fabric {}
+// SAFETY: as above.
+unsafe impl Sync for Fabric {}
+
+impl Fabric {
+    pub fn open(info: Info<'_>) -> Result<Arc<Self>> {
+        let mut raw = ptr::null_mut();
+        // SAFETY: fabric_attr comes from fi_getinfo; raw receives a new fabric on success.
+        let ret = unsafe { sys::fi_fabric(info.raw.fabric_attr, &mut raw, ptr::null_mut()) };
+        check("fi_fabric", ret)?;
+        Ok(Arc::new(Fabric { raw }))
+    }
+}
+
+impl Drop for Fabric {
+    fn drop(&mut self) {
+        close_fid("fabric", self.raw.cast());
+    }
+}
+
+/// An open domain (`fi_domain`), the parent of endpoints and memory registrations.
+pub struct Domain {
+    raw: *mut sys::fid_domain,
+    pub info: OwnedInfo,
+    _fabric: Arc<Fabric>,
+}
+
+// SAFETY: see Fabric.
+unsafe impl Send for Domain {}
+// SAFETY: see Fabric.
+unsafe impl Sync for Domain {}
+
+impl Domain {
+    pub fn open(fabric: &Arc<Fabric>, info: Info<'_>) -> Result<Arc<Self>> {
+        let info = info.to_owned()?;
+        let mut raw = ptr::null_mut();
+        // SAFETY: fabric is open; the info entry is valid; raw receives a new domain.
+        let ret = unsafe {
+            sys::fi_domain(
+                fabric.raw,
+                info.info().raw().cast_mut(),
+                &mut raw,
+                ptr::null_mut(),
+            )
+        };
+        check("fi_domain", ret)?;
+        Ok(Arc::new(Domain {
+            raw,
+            info,
+            _fabric: fabric.clone(),
+        }))
+    }
+    pub fn raw(&self) -> *mut sys::fid_domain {
+        self.raw
+    }
+}
+
+impl Drop for Domain {
+    fn drop(&mut self) {
+        close_fid("domain", self.raw.cast());
+    }
+}
+
+/// Closes a fid (every `fid_*` struct starts with its `struct fid`), logging, never
+/// panicking, on failure.
+pub(crate) fn close_fid(what: &str, fid: *mut sys::fid) {
+    if fid.is_null() {
+        return;
+    }
+    // SAFETY: fid belongs to an object this crate opened and closes exactly once (from Drop).
+    let ret = unsafe { sys::fi_close(fid) };
+    if ret != 0 {
+        tracing::warn!(
+            "closing the {what} failed: {}",
+            Error::fabric("fi_close", ret)
+        );
+    }
+}

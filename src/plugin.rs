@@ -1,0 +1,226 @@
+//! The plugin's state after `init`: settings, the provider decision and the devices.
+//!
+//! Everything NCCL is told about (devices, `ptrSupport`) is decided here once, in `init`,
+//! and never changed afterwards.
+
+use crate::discover::{discover, Discovery};
+use crate::error::{Error, Result};
+use crate::fabric::{runtime_version, version_string, Domain, Fabric, HEADER_VERSION};
+use crate::nccl;
+use crate::provider::{decide, errno_name, Candidate, CudaApiAnswer, Decision, Failure};
+use crate::settings::{EndpointSharing, Settings};
+use parking_lot::{Mutex, RwLock};
+use std::ffi::CString;
+use std::sync::{Arc, Weak};
+
+/// Speed reported when neither the provider nor `NCCL_FABRIC_SPEED_MBPS` gives one.
+pub const DEFAULT_SPEED_MBPS: u64 = 100_000;
+/// Receives NCCL may group in one `irecv` (we match in posting order, one buffer each).
+pub const MAX_RECVS: i32 = 1;
+pub const MAX_COMMS: i32 = 65_536;
+
+/// What `getProperties` reports for a device, version-free.
+#[derive(Debug, Clone)]
+pub struct Properties {
+    pub name: CString,
+    pub pci_path: Option<CString>,
+    pub guid: u64,
+    pub ptr_support: i32,
+    pub speed_mbps: i32,
+    pub port: i32,
+    pub latency_us: f32,
+    pub max_comms: i32,
+    pub max_recvs: i32,
+}
+
+impl Properties {
+    pub fn to_v8(&self) -> nccl::PropertiesV8 {
+        nccl::PropertiesV8 {
+            name: self.name.as_ptr().cast_mut(),
+            pci_path: self
+                .pci_path
+                .as_ref()
+                .map_or(std::ptr::null_mut(), |p| p.as_ptr().cast_mut()),
+            guid: self.guid,
+            ptr_support: self.ptr_support,
+            reg_is_global: 0,
+            speed: self.speed_mbps,
+            port: self.port,
+            latency: self.latency_us,
+            max_comms: self.max_comms,
+            max_recvs: self.max_recvs,
+            net_device_type: nccl::NET_DEVICE_HOST,
+            net_device_version: nccl::NET_DEVICE_INVALID_VERSION,
+        }
+    }
+}
+
+/// One NCCL device: a domain of the chosen provider.
+pub struct Device {
+    pub index: usize,
+    pub domain: Arc<Domain>,
+    pub props: Properties,
+    pub candidate: Candidate,
+    /// With `NCCL_FABRIC_ENDPOINTS=device`, the endpoint all comms of this device share.
+    pub shared_endpoint: Mutex<Weak<crate::comm::SharedEndpoint>>,
+}
+
+pub struct Plugin {
+    pub settings: Settings,
+    pub devices: Vec<Device>,
+    pub gpu: bool,
+    pub provider: String,
+    pub summary: String,
+}
+
+static STATE: RwLock<Option<Arc<Plugin>>> = RwLock::new(None);
+
+/// The initialised plugin, or an error for entry points called before `init`.
+pub fn get() -> Result<Arc<Plugin>> {
+    STATE
+        .read()
+        .clone()
+        .ok_or_else(|| Error::Internal("called before init succeeded".into()))
+}
+
+impl Plugin {
+    pub fn device(&self, dev: i32) -> Result<&Device> {
+        usize::try_from(dev)
+            .ok()
+            .and_then(|d| self.devices.get(d))
+            .ok_or_else(|| {
+                Error::InvalidArgument(format!(
+                    "device {dev} does not exist ({} devices)",
+                    self.devices.len()
+                ))
+            })
+    }
+    pub fn sharing(&self) -> EndpointSharing {
+        self.settings.endpoints
+    }
+}
+
+/// `init`: parse settings, discover, decide, open the chosen domains. Runs once; a second
+/// call (NCCL may re-run init) keeps the first result.
+pub fn init() -> Result<Arc<Plugin>> {
+    if let Some(p) = STATE.read().clone() {
+        return Ok(p);
+    }
+    let mut state = STATE.write();
+    if let Some(p) = state.clone() {
+        return Ok(p);
+    }
+    let settings = Settings::from_env()?;
+    let discovery = discover(&settings)?;
+    let decision = decide(&discovery.candidates, &settings);
+    for (c, v) in discovery.candidates.iter().zip(&decision.verdicts) {
+        tracing::trace!(
+            "candidate {} fabric {} domain {} ({:?} pass, FI_HMEM {}, mr_mode {:#x}): {}",
+            c.provider,
+            c.fabric,
+            c.domain,
+            c.pass,
+            if c.hmem_offered() {
+                "offered"
+            } else {
+                "not offered"
+            },
+            c.mr_mode,
+            v.reason
+        );
+    }
+    match &decision.failure {
+        Some(Failure::NoProvider(text)) => return Err(Error::NoProvider(text.clone())),
+        Some(Failure::HmemRequired(text)) => return Err(Error::InvalidUsage(text.clone())),
+        None => {}
+    }
+    let plugin = Arc::new(open_devices(settings, &discovery, &decision)?);
+    tracing::info!("{}", plugin.summary);
+    *state = Some(plugin.clone());
+    Ok(plugin)
+}
+
+fn open_devices(settings: Settings, discovery: &Discovery, decision: &Decision) -> Result<Plugin> {
+    let mut fabrics: Vec<(String, Arc<Fabric>)> = Vec::new();
+    let mut devices = Vec::new();
+    for (index, &ci) in decision.devices.iter().enumerate() {
+        let info = discovery.info(ci);
+        let c = discovery.candidates[ci].clone();
+        let fabric = match fabrics.iter().find(|(n, _)| *n == c.fabric) {
+            Some((_, f)) => f.clone(),
+            None => {
+                let f = Fabric::open(info)?;
+                fabrics.push((c.fabric.clone(), f.clone()));
+                f
+            }
+        };
+        let domain = Domain::open(&fabric, info)?;
+        let speed = match settings.speed_mbps {
+            0 => info
+                .link_speed_bps()
+                .map_or(DEFAULT_SPEED_MBPS, |bps| (bps / 1_000_000).max(1)),
+            s => s,
+        };
+        let pci_path = info
+            .pci_address()
+            .and_then(|a| std::fs::canonicalize(format!("/sys/bus/pci/devices/{a}")).ok())
+            .and_then(|p| CString::new(p.to_string_lossy().into_owned()).ok());
+        let mut ptr_support = nccl::PTR_HOST;
+        if decision.gpu {
+            ptr_support |= nccl::PTR_CUDA;
+        }
+        let props = Properties {
+            name: CString::new(c.domain.clone()).unwrap_or_else(|_| CString::from(c"fabric")),
+            pci_path,
+            guid: index as u64,
+            ptr_support,
+            speed_mbps: i32::try_from(speed).unwrap_or(i32::MAX),
+            port: 0,
+            latency_us: 0.0,
+            max_comms: MAX_COMMS,
+            max_recvs: MAX_RECVS,
+        };
+        devices.push(Device {
+            index,
+            domain,
+            props,
+            candidate: c,
+            shared_endpoint: Mutex::new(Weak::new()),
+        });
+    }
+    let summary = summary(discovery, decision, &devices);
+    Ok(Plugin {
+        settings,
+        devices,
+        gpu: decision.gpu,
+        provider: decision.provider.clone(),
+        summary,
+    })
+}
+
+fn summary(discovery: &Discovery, decision: &Decision, devices: &[Device]) -> String {
+    let first = &devices[0].candidate;
+    let answer = first.setopt.clone().and_then(Result::ok).unwrap_or(0);
+    format!(
+        "provider {} fabric {} domain(s) {} ({} device(s)); libfabric {} (headers {}); {}; this \
+         provider's setopt(FI_OPT_CUDA_API_PERMITTED=false) = {}: {}",
+        decision.provider,
+        first.fabric,
+        devices
+            .iter()
+            .map(|d| d.candidate.domain.as_str())
+            .collect::<Vec<_>>()
+            .join(","),
+        devices.len(),
+        version_string(discovery.version),
+        version_string(HEADER_VERSION),
+        decision.hmem_reason,
+        errno_name(answer),
+        CudaApiAnswer::classify(answer).describe(),
+    )
+}
+
+/// Libfabric runtime version, for reports.
+pub fn libfabric_version() -> String {
+    version_string(runtime_version())
+}

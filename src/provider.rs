@@ -1,0 +1,380 @@
+//! Provider selection policy: a pure function from candidates and settings to a decision.
+//!
+//! Candidates come from two `fi_getinfo` passes (see `discover`): first with
+//! `FI_TAGGED|FI_MSG|FI_HMEM`, then without `FI_HMEM`. Each carries the answer of
+//! `fi_setopt(FI_OPT_CUDA_API_PERMITTED=false)` on a probe endpoint. The policy decides which
+//! provider and domains become NCCL devices, whether NCCL may pass GPU pointers, and why,
+//! with one reason per candidate.
+
+use crate::settings::{matches_pattern, HmemMode, Settings};
+use crate::sys;
+
+/// Which `fi_getinfo` pass found a candidate.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Pass {
+    /// Hints `FI_TAGGED|FI_MSG|FI_HMEM`.
+    Hmem,
+    /// Hints `FI_TAGGED|FI_MSG` (host buffers only).
+    Host,
+}
+
+/// What was learnt about one provider/domain.
+#[derive(Debug, Clone)]
+pub struct Candidate {
+    pub pass: Pass,
+    pub provider: String,
+    pub fabric: String,
+    pub domain: String,
+    pub caps: u64,
+    pub mr_mode: i32,
+    pub api_version: u32,
+    /// `Ok(answer)` of setopt on the probe endpoint, or `Err(text)` if the probe endpoint
+    /// could not be set up at all. `None`: not probed (filtered out by settings first).
+    pub setopt: Option<Result<i32, String>>,
+}
+
+impl Candidate {
+    pub fn hmem_offered(&self) -> bool {
+        self.caps & sys::FI_HMEM != 0
+    }
+    /// Providers that only reach peers on the same host.
+    pub fn local_only(&self) -> bool {
+        matches!(self.provider.as_str(), "shm" | "sm2")
+    }
+}
+
+/// The answer of `FI_OPT_CUDA_API_PERMITTED=false`, in words.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CudaApiAnswer {
+    /// 0: the provider promises not to call the CUDA API.
+    Promised,
+    /// -FI_EOPNOTSUPP: its FI_HMEM path needs the CUDA API, which NCCL forbids.
+    NeedsCudaApi,
+    /// -FI_EINVAL: libfabric found no CUDA library or device.
+    NoCuda,
+    /// -FI_ENOPROTOOPT / -FI_ENOSYS: the provider or libfabric (< 1.18) does not know it.
+    Unknown,
+    /// Anything else: endpoint setup failed.
+    Failed(i32),
+}
+
+impl CudaApiAnswer {
+    pub fn classify(ret: i32) -> Self {
+        match -ret {
+            0 => Self::Promised,
+            e if e == sys::FI_EOPNOTSUPP as i32 => Self::NeedsCudaApi,
+            e if e == sys::FI_EINVAL as i32 => Self::NoCuda,
+            e if e == sys::FI_ENOPROTOOPT as i32 || e == sys::FI_ENOSYS as i32 => Self::Unknown,
+            _ => Self::Failed(ret),
+        }
+    }
+    pub fn describe(self) -> &'static str {
+        match self {
+            Self::Promised => "provider promises no CUDA calls",
+            Self::NeedsCudaApi => "provider's FI_HMEM path needs the CUDA API, which NCCL forbids",
+            Self::NoCuda => "libfabric found no CUDA library or device",
+            Self::Unknown => "provider or libfabric (< 1.18) does not know the option",
+            Self::Failed(_) => "endpoint setup failed",
+        }
+    }
+}
+
+/// A symbolic name for a setopt return value: `0`, `-92 (FI_ENOPROTOOPT)`, ….
+pub fn errno_name(ret: i32) -> String {
+    let name = match -ret {
+        0 => return "0".into(),
+        e if e == sys::FI_EOPNOTSUPP as i32 => "FI_EOPNOTSUPP",
+        e if e == sys::FI_EINVAL as i32 => "FI_EINVAL",
+        e if e == sys::FI_ENOPROTOOPT as i32 => "FI_ENOPROTOOPT",
+        e if e == sys::FI_ENOSYS as i32 => "FI_ENOSYS",
+        _ => return format!("{ret} ({})", crate::error::fi_strerror(-ret)),
+    };
+    format!("{ret} ({name})")
+}
+
+/// The verdict on one candidate.
+#[derive(Debug, Clone)]
+pub struct Verdict {
+    pub accepted: bool,
+    /// Would carry GPU buffers (FI_HMEM offered and the setopt answer allows it).
+    pub gpu_capable: bool,
+    pub reason: String,
+}
+
+/// What the policy decided.
+#[derive(Debug, Clone)]
+pub struct Decision {
+    /// Indices into the candidate list, one per NCCL device, in device order.
+    pub devices: Vec<usize>,
+    /// NCCL may hand us CUDA pointers (`NCCL_PTR_CUDA`).
+    pub gpu: bool,
+    /// The chosen provider (empty if none).
+    pub provider: String,
+    /// One verdict per candidate, same order.
+    pub verdicts: Vec<Verdict>,
+    /// Why GPU buffers are or are not used, in one sentence.
+    pub hmem_reason: String,
+    /// Set when the settings cannot be met: init must fail with this text.
+    pub failure: Option<Failure>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Failure {
+    /// Nothing usable at all.
+    NoProvider(String),
+    /// `NCCL_FABRIC_HMEM=require` and no candidate qualifies.
+    HmemRequired(String),
+}
+
+/// Settings-only filter, applied before probing: `Err(reason)` rejects the candidate.
+pub fn admissible(provider: &str, domain: &str, settings: &Settings) -> Result<(), String> {
+    if !settings.providers.is_empty() && !settings.providers.iter().any(|p| p == provider) {
+        return Err(format!(
+            "not in NCCL_FABRIC_PROVIDER={}",
+            settings.providers.join(",")
+        ));
+    }
+    if provider == "tcp" && !settings.allow_native_tcp {
+        return Err(
+            "native tcp RDM hangs under NCCL (ofiwg/libfabric#8963); use tcp;ofi_rxm, \
+                    or set NCCL_FABRIC_ALLOW_NATIVE_TCP=yes"
+                .into(),
+        );
+    }
+    if let Some(p) = settings
+        .exclude_domains
+        .iter()
+        .find(|p| matches_pattern(p, domain))
+    {
+        return Err(format!(
+            "domain excluded by NCCL_FABRIC_EXCLUDE_DOMAINS ({p})"
+        ));
+    }
+    if !settings.domains.is_empty() && !settings.domains.iter().any(|p| matches_pattern(p, domain))
+    {
+        return Err(format!(
+            "domain not in NCCL_FABRIC_DOMAINS={}",
+            settings.domains.join(",")
+        ));
+    }
+    Ok(())
+}
+
+/// Decides. Pure: same candidates and settings, same decision.
+pub fn decide(candidates: &[Candidate], settings: &Settings) -> Decision {
+    let force = settings.hmem == HmemMode::Force;
+    // First pass over every candidate: usable at all? GPU-capable?
+    let mut verdicts: Vec<Verdict> = candidates
+        .iter()
+        .map(|c| {
+            let reject = |reason: String| Verdict { accepted: false, gpu_capable: false, reason };
+            if let Err(why) = admissible(&c.provider, &c.domain, settings) {
+                return reject(why);
+            }
+            let answer = match &c.setopt {
+                None => return reject("not probed".into()),
+                Some(Err(e)) => return reject(format!("probe endpoint failed: {e}")),
+                Some(Ok(ret)) => *ret,
+            };
+            let class = CudaApiAnswer::classify(answer);
+            let setopt = format!("setopt {} = {}", errno_name(answer), class.describe());
+            if let CudaApiAnswer::Failed(_) = class {
+                return reject(format!("{setopt}: provider rejected"));
+            }
+            let gpu_capable = c.pass == Pass::Hmem
+                && c.hmem_offered()
+                && (class == CudaApiAnswer::Promised || (force && class == CudaApiAnswer::Unknown));
+            let hmem = match (c.pass, c.hmem_offered()) {
+                (Pass::Hmem, true) if gpu_capable && class == CudaApiAnswer::Unknown => {
+                    "FI_HMEM offered; accepted by NCCL_FABRIC_HMEM=force although the option is unknown"
+                }
+                (Pass::Hmem, true) if gpu_capable => "FI_HMEM offered and usable",
+                (Pass::Hmem, true) => "FI_HMEM offered but not usable",
+                _ => "host buffers",
+            };
+            Verdict { accepted: false, gpu_capable, reason: format!("{hmem}; {setopt}") }
+        })
+        .collect();
+
+    let usable: Vec<usize> = (0..candidates.len())
+        .filter(|&i| {
+            let c = &candidates[i];
+            admissible(&c.provider, &c.domain, settings).is_ok()
+                && matches!(c.setopt, Some(Ok(r)) if !matches!(CudaApiAnswer::classify(r), CudaApiAnswer::Failed(_)))
+        })
+        .collect();
+    let gpu_ok: Vec<usize> = usable
+        .iter()
+        .copied()
+        .filter(|&i| verdicts[i].gpu_capable)
+        .collect();
+
+    let want_gpu = match settings.hmem {
+        HmemMode::Off => false,
+        HmemMode::Auto | HmemMode::Force | HmemMode::Require => !gpu_ok.is_empty(),
+    };
+    let mut failure = None;
+    if settings.hmem == HmemMode::Require && gpu_ok.is_empty() {
+        failure = Some(Failure::HmemRequired(format!(
+            "NCCL_FABRIC_HMEM=require but no provider can carry GPU buffers: {}",
+            explain_all(candidates, &verdicts)
+        )));
+    }
+
+    // Rank providers: the user's order first, then network providers before local-only
+    // ones, then fi_getinfo's order. GPU-capable entries win when GPU buffers are wanted.
+    let pool: Vec<usize> = if want_gpu {
+        gpu_ok.clone()
+    } else {
+        usable
+            .iter()
+            .copied()
+            .filter(|&i| candidates[i].pass == Pass::Host)
+            .collect()
+    };
+    let rank = |i: usize| {
+        let c = &candidates[i];
+        let user = settings
+            .providers
+            .iter()
+            .position(|p| *p == c.provider)
+            .unwrap_or(usize::MAX);
+        (user, c.local_only(), i)
+    };
+    let chosen_provider = pool
+        .iter()
+        .copied()
+        .min_by_key(|&i| rank(i))
+        .map(|i| candidates[i].provider.clone());
+
+    let mut devices = Vec::new();
+    if failure.is_none() {
+        if let Some(p) = &chosen_provider {
+            for &i in &pool {
+                let c = &candidates[i];
+                if &c.provider == p
+                    && !devices
+                        .iter()
+                        .any(|&d: &usize| candidates[d].domain == c.domain)
+                {
+                    devices.push(i);
+                }
+            }
+        } else {
+            failure = Some(Failure::NoProvider(format!(
+                "no libfabric provider matched (FI_EP_RDM with FI_TAGGED|FI_MSG{}): {}",
+                match std::env::var("FI_PROVIDER") {
+                    Ok(p) => format!(", FI_PROVIDER={p}"),
+                    Err(_) => String::new(),
+                },
+                if candidates.is_empty() {
+                    "fi_getinfo returned nothing".to_string()
+                } else {
+                    explain_all(candidates, &verdicts)
+                }
+            )));
+        }
+    }
+
+    let provider = chosen_provider.unwrap_or_default();
+    for (i, v) in verdicts.iter_mut().enumerate() {
+        if devices.contains(&i) {
+            v.accepted = true;
+            v.reason = format!("chosen: {}", v.reason);
+        } else if usable.contains(&i) {
+            let c = &candidates[i];
+            let why = if c.provider != provider {
+                format!("provider {provider} preferred")
+            } else if want_gpu != (c.pass == Pass::Hmem) {
+                format!(
+                    "{} pass entry not used",
+                    if c.pass == Pass::Hmem {
+                        "FI_HMEM"
+                    } else {
+                        "host"
+                    }
+                )
+            } else {
+                "duplicate domain".into()
+            };
+            v.reason = format!("{why}; {}", v.reason);
+        }
+    }
+
+    let hmem_reason = hmem_reason(candidates, &devices, want_gpu, settings);
+    Decision {
+        devices,
+        gpu: want_gpu && failure.is_none(),
+        provider,
+        verdicts,
+        hmem_reason,
+        failure,
+    }
+}
+
+fn explain_all(candidates: &[Candidate], verdicts: &[Verdict]) -> String {
+    candidates
+        .iter()
+        .zip(verdicts)
+        .map(|(c, v)| {
+            format!(
+                "[{} {} ({:?} pass): {}]",
+                c.provider, c.domain, c.pass, v.reason
+            )
+        })
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
+fn hmem_reason(
+    candidates: &[Candidate],
+    devices: &[usize],
+    gpu: bool,
+    settings: &Settings,
+) -> String {
+    let Some(&first) = devices.first() else {
+        return "no device".into();
+    };
+    let chosen = &candidates[first];
+    if settings.hmem == HmemMode::Off {
+        return "NCCL_FABRIC_HMEM=off: host buffers only".into();
+    }
+    if gpu {
+        let ans = chosen.setopt.clone().and_then(Result::ok).unwrap_or(0);
+        return format!(
+            "GPU buffers: yes: {} offers FI_HMEM and setopt(FI_OPT_CUDA_API_PERMITTED=false) = {}: {}",
+            chosen.provider,
+            errno_name(ans),
+            CudaApiAnswer::classify(ans).describe()
+        );
+    }
+    // Why not: what did the FI_HMEM pass find for the chosen provider, or at all?
+    let hmem_entries: Vec<&Candidate> =
+        candidates.iter().filter(|c| c.pass == Pass::Hmem).collect();
+    let same = hmem_entries.iter().find(|c| c.provider == chosen.provider);
+    match same {
+        Some(c) => {
+            let ans = c.setopt.clone().and_then(Result::ok).unwrap_or(0);
+            format!(
+                "GPU buffers: no: {} offers FI_HMEM but setopt(FI_OPT_CUDA_API_PERMITTED=false) = {}: {}",
+                c.provider,
+                errno_name(ans),
+                CudaApiAnswer::classify(ans).describe()
+            )
+        }
+        None if hmem_entries.is_empty() => {
+            format!("GPU buffers: no: no provider offers FI_HMEM (hints FI_TAGGED|FI_MSG|FI_HMEM found nothing); {} carries host buffers", chosen.provider)
+        }
+        None => {
+            let names: Vec<&str> = hmem_entries.iter().map(|c| c.provider.as_str()).collect();
+            format!(
+                "GPU buffers: no: {} does not offer FI_HMEM (the FI_HMEM hints found only {})",
+                chosen.provider,
+                names.join(", ")
+            )
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,262 @@
+//! Policy tests on synthetic candidates: every row of the setopt table, every
+//! `NCCL_FABRIC_HMEM` mode, provider and domain filters.
+
+use super::*;
+use crate::settings::Settings;
+
+const EOPNOTSUPP: i32 = -(sys::FI_EOPNOTSUPP as i32);
+const EINVAL: i32 = -(sys::FI_EINVAL as i32);
+const ENOPROTOOPT: i32 = -(sys::FI_ENOPROTOOPT as i32);
+const ENOSYS: i32 = -(sys::FI_ENOSYS as i32);
+const EIO: i32 = -5;
+
+fn cand(pass: Pass, provider: &str, domain: &str, hmem: bool, setopt: i32) -> Candidate {
+    let mut caps = sys::FI_TAGGED as u64 | sys::FI_MSG as u64;
+    if hmem {
+        caps |= sys::FI_HMEM;
+    }
+    Candidate {
+        pass,
+        provider: provider.into(),
+        fabric: "f".into(),
+        domain: domain.into(),
+        caps,
+        mr_mode: 0,
+        api_version: crate::fabric::fi_version(1, 18),
+        setopt: Some(Ok(setopt)),
+    }
+}
+
+/// An FI_HMEM-capable provider found by both passes, plus tcp;ofi_rxm on the host pass.
+fn world(hmem_answer: i32) -> Vec<Candidate> {
+    vec![
+        cand(Pass::Hmem, "gpuprov", "nic0", true, hmem_answer),
+        cand(Pass::Host, "tcp;ofi_rxm", "eth0", false, ENOPROTOOPT),
+        cand(Pass::Host, "gpuprov", "nic0", false, hmem_answer),
+    ]
+}
+
+fn settings(hmem: &str) -> Settings {
+    Settings::from_lookup(|k| (k == crate::settings::HMEM).then(|| hmem.to_string())).unwrap()
+}
+
+#[test]
+fn answer_zero_with_hmem_gives_gpu_buffers() {
+    let d = decide(&world(0), &settings("auto"));
+    assert!(d.gpu);
+    assert_eq!(d.provider, "gpuprov");
+    assert_eq!(d.devices, vec![0]);
+    assert!(
+        d.hmem_reason.contains("promises no CUDA calls"),
+        "{}",
+        d.hmem_reason
+    );
+    assert!(d.verdicts[0].accepted);
+}
+
+#[test]
+fn eopnotsupp_means_no_gpu_buffers() {
+    let d = decide(&world(EOPNOTSUPP), &settings("auto"));
+    assert!(!d.gpu);
+    assert!(
+        d.hmem_reason.contains("needs the CUDA API"),
+        "{}",
+        d.hmem_reason
+    );
+    assert!(d.failure.is_none());
+    // Host fallback: network provider first.
+    assert_eq!(d.provider, "tcp;ofi_rxm");
+}
+
+#[test]
+fn einval_means_no_cuda() {
+    let d = decide(&world(EINVAL), &settings("auto"));
+    assert!(!d.gpu);
+    assert!(
+        d.hmem_reason.contains("no CUDA library or device"),
+        "{}",
+        d.hmem_reason
+    );
+}
+
+#[test]
+fn unknown_option_means_no_unless_forced() {
+    for unknown in [ENOPROTOOPT, ENOSYS] {
+        let d = decide(&world(unknown), &settings("auto"));
+        assert!(!d.gpu, "{unknown}");
+        assert!(
+            d.hmem_reason.contains("does not know the option"),
+            "{}",
+            d.hmem_reason
+        );
+
+        let d = decide(&world(unknown), &settings("force"));
+        assert!(d.gpu, "force accepts {unknown}");
+        assert_eq!(d.provider, "gpuprov");
+        assert!(
+            d.verdicts[0].reason.contains("NCCL_FABRIC_HMEM=force"),
+            "{}",
+            d.verdicts[0].reason
+        );
+    }
+}
+
+#[test]
+fn force_does_not_override_a_refusal() {
+    let d = decide(&world(EOPNOTSUPP), &settings("force"));
+    assert!(!d.gpu);
+}
+
+#[test]
+fn other_answers_reject_the_provider() {
+    let d = decide(&world(EIO), &settings("auto"));
+    assert!(!d.gpu);
+    assert_eq!(d.provider, "tcp;ofi_rxm");
+    assert!(!d.verdicts[0].accepted);
+    assert!(
+        d.verdicts[0].reason.contains("provider rejected"),
+        "{}",
+        d.verdicts[0].reason
+    );
+    assert!(d.verdicts[2].reason.contains("provider rejected"));
+}
+
+#[test]
+fn probe_failure_rejects_with_the_error() {
+    let mut c = world(0);
+    c[0].setopt = Some(Err("fi_enable failed: boom".into()));
+    let d = decide(&c, &settings("auto"));
+    assert!(!d.gpu);
+    assert!(d.verdicts[0].reason.contains("fi_enable failed: boom"));
+}
+
+#[test]
+fn require_fails_listing_every_candidate() {
+    let d = decide(&world(EINVAL), &settings("require"));
+    let Some(Failure::HmemRequired(text)) = d.failure else {
+        panic!("expected failure")
+    };
+    assert!(text.contains("gpuprov nic0"), "{text}");
+    assert!(text.contains("tcp;ofi_rxm eth0"), "{text}");
+    assert!(text.contains("no CUDA library or device"), "{text}");
+    assert!(d.devices.is_empty());
+
+    let d = decide(&world(0), &settings("require"));
+    assert!(d.failure.is_none());
+    assert!(d.gpu);
+}
+
+#[test]
+fn off_uses_host_buffers_even_when_gpu_would_work() {
+    let d = decide(&world(0), &settings("off"));
+    assert!(!d.gpu);
+    assert!(d.hmem_reason.contains("NCCL_FABRIC_HMEM=off"));
+    assert!(d.devices.iter().all(|&i| world(0)[i].pass == Pass::Host));
+}
+
+#[test]
+fn host_only_world_falls_back_and_says_why() {
+    let c = vec![
+        cand(Pass::Host, "tcp;ofi_rxm", "lo", false, ENOPROTOOPT),
+        cand(Pass::Host, "tcp;ofi_rxm", "eth0", false, ENOPROTOOPT),
+    ];
+    let d = decide(&c, &settings("auto"));
+    assert_eq!(
+        d.devices,
+        vec![0, 1],
+        "every domain of the chosen provider is a device"
+    );
+    assert!(!d.gpu);
+    assert!(d.hmem_reason.contains("found nothing"), "{}", d.hmem_reason);
+}
+
+#[test]
+fn shm_measured_answers_settle_on_host() {
+    // As measured with FI_PROVIDER=shm: -92 on 1.17, -22 on 2.1.
+    for answer in [ENOPROTOOPT, EINVAL] {
+        let c = vec![
+            cand(Pass::Hmem, "shm", "shm", true, answer),
+            cand(Pass::Host, "shm", "shm", false, answer),
+        ];
+        let d = decide(&c, &settings("auto"));
+        assert!(!d.gpu);
+        assert_eq!(d.devices, vec![1]);
+        assert!(
+            d.hmem_reason.contains("shm offers FI_HMEM but"),
+            "{}",
+            d.hmem_reason
+        );
+    }
+}
+
+#[test]
+fn local_only_providers_are_kept_but_ranked_last() {
+    let c = vec![
+        cand(Pass::Host, "shm", "shm", false, ENOPROTOOPT),
+        cand(Pass::Host, "tcp;ofi_rxm", "lo", false, ENOPROTOOPT),
+    ];
+    let d = decide(&c, &settings("auto"));
+    assert_eq!(d.provider, "tcp;ofi_rxm");
+    assert!(d.verdicts[0].reason.contains("preferred"));
+    let only_shm = decide(&c[..1], &settings("auto"));
+    assert_eq!(only_shm.provider, "shm");
+}
+
+#[test]
+fn user_provider_order_wins() {
+    let c = vec![
+        cand(Pass::Host, "tcp;ofi_rxm", "lo", false, ENOPROTOOPT),
+        cand(Pass::Host, "shm", "shm", false, ENOPROTOOPT),
+    ];
+    let s = Settings::from_lookup(|k| {
+        (k == crate::settings::PROVIDER).then(|| "shm,tcp;ofi_rxm".into())
+    })
+    .unwrap();
+    assert_eq!(decide(&c, &s).provider, "shm");
+    let s = Settings::from_lookup(|k| (k == crate::settings::PROVIDER).then(|| "verbs".into()))
+        .unwrap();
+    let d = decide(&c, &s);
+    assert!(matches!(d.failure, Some(Failure::NoProvider(_))));
+    assert!(d.verdicts[0].reason.contains("NCCL_FABRIC_PROVIDER"));
+}
+
+#[test]
+fn native_tcp_is_refused_unless_allowed() {
+    let c = vec![
+        cand(Pass::Host, "tcp", "lo", false, ENOPROTOOPT),
+        cand(Pass::Host, "tcp;ofi_rxm", "lo", false, EINVAL),
+    ];
+    let d = decide(&c, &settings("auto"));
+    assert_eq!(d.provider, "tcp;ofi_rxm");
+    assert!(d.verdicts[0].reason.contains("8963"));
+    let s = Settings::from_lookup(|k| (k == crate::settings::ALLOW_TCP_RDM).then(|| "yes".into()))
+        .unwrap();
+    assert_eq!(decide(&c, &s).provider, "tcp");
+}
+
+#[test]
+fn excluded_domains_are_not_devices() {
+    let c = vec![
+        cand(Pass::Host, "tcp;ofi_rxm", "docker0", false, ENOPROTOOPT),
+        cand(Pass::Host, "tcp;ofi_rxm", "eth0", false, ENOPROTOOPT),
+    ];
+    let d = decide(&c, &settings("auto"));
+    assert_eq!(d.devices, vec![1]);
+    assert!(d.verdicts[0].reason.contains("EXCLUDE_DOMAINS"));
+    let s = Settings::from_lookup(|k| (k == crate::settings::DOMAINS).then(|| "docker*".into()))
+        .unwrap();
+    let s = Settings {
+        exclude_domains: vec![],
+        ..s
+    };
+    assert_eq!(decide(&c, &s).devices, vec![0]);
+}
+
+#[test]
+fn nothing_at_all_is_a_failure_naming_the_request() {
+    let d = decide(&[], &settings("auto"));
+    let Some(Failure::NoProvider(text)) = d.failure else {
+        panic!()
+    };
+    assert!(text.contains("no libfabric provider matched"), "{text}");
+}

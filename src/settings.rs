@@ -1,0 +1,320 @@
+//! Every `NCCL_FABRIC_*` environment variable, in one declarative table, parsed once.
+//!
+//! The README's settings table is generated from [`TABLE`] (`nccl-net-fabric settings`) and a
+//! test checks the two agree.
+
+use crate::error::{Error, Result};
+
+/// What kind of value a setting takes.
+#[derive(Debug, Clone, Copy)]
+pub enum Kind {
+    /// One of a fixed set of words.
+    Choice(&'static [&'static str]),
+    /// A comma-separated list of names (may be empty).
+    List,
+    /// An unsigned integer within bounds.
+    Number { min: u64, max: u64 },
+}
+
+/// One environment variable: its name, kind, default and meaning.
+#[derive(Debug, Clone, Copy)]
+pub struct Setting {
+    pub name: &'static str,
+    pub kind: Kind,
+    pub default: &'static str,
+    pub meaning: &'static str,
+}
+
+pub const HMEM: &str = "NCCL_FABRIC_HMEM";
+pub const PROVIDER: &str = "NCCL_FABRIC_PROVIDER";
+pub const DOMAINS: &str = "NCCL_FABRIC_DOMAINS";
+pub const EXCLUDE_DOMAINS: &str = "NCCL_FABRIC_EXCLUDE_DOMAINS";
+pub const ENDPOINTS: &str = "NCCL_FABRIC_ENDPOINTS";
+pub const CONNECT_TIMEOUT_MS: &str = "NCCL_FABRIC_CONNECT_TIMEOUT_MS";
+pub const CLOSE_TIMEOUT_MS: &str = "NCCL_FABRIC_CLOSE_TIMEOUT_MS";
+pub const SPEED_MBPS: &str = "NCCL_FABRIC_SPEED_MBPS";
+pub const ALLOW_TCP_RDM: &str = "NCCL_FABRIC_ALLOW_NATIVE_TCP";
+pub const LOG: &str = "NCCL_FABRIC_LOG";
+
+pub const TABLE: &[Setting] = &[
+    Setting {
+        name: HMEM,
+        kind: Kind::Choice(&["auto", "require", "off", "force"]),
+        default: "auto",
+        meaning: "GPU buffers (FI_HMEM): `auto` uses them when a provider qualifies, else host \
+                  buffers; `require` fails init unless one qualifies; `off` uses host buffers only; \
+                  `force` also accepts an FI_HMEM provider that does not know \
+                  FI_OPT_CUDA_API_PERMITTED (the promise of no CUDA calls is then yours)",
+    },
+    Setting {
+        name: PROVIDER,
+        kind: Kind::List,
+        default: "",
+        meaning: "libfabric providers to use, in order of preference (e.g. `shm,tcp;ofi_rxm`); \
+                  empty = any. libfabric's own `FI_PROVIDER` still applies underneath",
+    },
+    Setting {
+        name: DOMAINS,
+        kind: Kind::List,
+        default: "",
+        meaning: "only these domains (interfaces such as `eth0`, or `shm`) become NCCL devices; \
+                  empty = all. A trailing `*` matches a prefix",
+    },
+    Setting {
+        name: EXCLUDE_DOMAINS,
+        kind: Kind::List,
+        default: "docker*,virbr*,veth*",
+        meaning: "domains never used (a trailing `*` matches a prefix)",
+    },
+    Setting {
+        name: ENDPOINTS,
+        kind: Kind::Choice(&["device", "comm"]),
+        default: "comm",
+        meaning: "`comm`: one libfabric endpoint per NCCL comm; `device`: one endpoint per device \
+                  shared by all comms of the process, kept apart by tags",
+    },
+    Setting {
+        name: CONNECT_TIMEOUT_MS,
+        kind: Kind::Number { min: 100, max: 3_600_000 },
+        default: "60000",
+        meaning: "how long connect/accept wait for the peer's handshake before failing",
+    },
+    Setting {
+        name: CLOSE_TIMEOUT_MS,
+        kind: Kind::Number { min: 0, max: 600_000 },
+        default: "2000",
+        meaning: "how long a close waits for requests still in flight to finish or cancel",
+    },
+    Setting {
+        name: SPEED_MBPS,
+        kind: Kind::Number { min: 0, max: 10_000_000 },
+        default: "0",
+        meaning: "link speed reported to NCCL, in Mbps; 0 = from the provider's link attributes, \
+                  or 100000 when it reports none",
+    },
+    Setting {
+        name: ALLOW_TCP_RDM,
+        kind: Kind::Choice(&["no", "yes"]),
+        default: "no",
+        meaning: "allow libfabric's native `tcp` RDM provider (libfabric >= 1.18), which hangs \
+                  under NCCL (ofiwg/libfabric#8963); `tcp;ofi_rxm` is used otherwise",
+    },
+    Setting {
+        name: LOG,
+        kind: Kind::Choice(&["off", "warn", "info", "debug", "trace"]),
+        default: "warn",
+        meaning: "stderr log level when not running inside NCCL (tests, `nccl-net-fabric`); \
+                  inside NCCL, `NCCL_DEBUG` decides",
+    },
+];
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum HmemMode {
+    Auto,
+    Require,
+    Off,
+    Force,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum EndpointSharing {
+    PerDevice,
+    PerComm,
+}
+
+/// The parsed settings.
+#[derive(Debug, Clone)]
+pub struct Settings {
+    pub hmem: HmemMode,
+    pub providers: Vec<String>,
+    pub domains: Vec<String>,
+    pub exclude_domains: Vec<String>,
+    pub endpoints: EndpointSharing,
+    pub connect_timeout_ms: u64,
+    pub close_timeout_ms: u64,
+    pub speed_mbps: u64,
+    pub allow_native_tcp: bool,
+}
+
+impl Default for Settings {
+    fn default() -> Self {
+        Self::from_lookup(|_| None).expect("defaults parse")
+    }
+}
+
+fn setting(name: &str) -> &'static Setting {
+    TABLE
+        .iter()
+        .find(|s| s.name == name)
+        .expect("setting is in TABLE")
+}
+
+/// Raw value of `name` (or its default), checked against its kind.
+fn value(lookup: &impl Fn(&str) -> Option<String>, name: &str) -> Result<String> {
+    let s = setting(name);
+    let raw = lookup(name).map(|v| v.trim().to_string());
+    let text = raw.clone().unwrap_or_else(|| s.default.to_string());
+    let ok = match s.kind {
+        Kind::Choice(words) => words.contains(&text.to_ascii_lowercase().as_str()),
+        Kind::List => true,
+        Kind::Number { min, max } => text.parse::<u64>().is_ok_and(|n| (min..=max).contains(&n)),
+    };
+    if ok {
+        return Ok(text.to_ascii_lowercase());
+    }
+    let accepted = match s.kind {
+        Kind::Choice(words) => words.join(", "),
+        Kind::Number { min, max } => format!("an integer from {min} to {max}"),
+        Kind::List => unreachable!("lists accept any text"),
+    };
+    Err(Error::InvalidUsage(format!(
+        "{name}={} is not valid: accepted values are {accepted} (default {})",
+        raw.unwrap_or_default(),
+        if s.default.is_empty() {
+            "empty"
+        } else {
+            s.default
+        }
+    )))
+}
+
+fn list(text: &str) -> Vec<String> {
+    text.split(',')
+        .map(str::trim)
+        .filter(|s| !s.is_empty())
+        .map(String::from)
+        .collect()
+}
+
+impl Settings {
+    /// Reads the process environment.
+    pub fn from_env() -> Result<Self> {
+        Self::from_lookup(|name| std::env::var(name).ok())
+    }
+
+    /// Reads settings through `lookup` (the environment, or a map in tests).
+    pub fn from_lookup(lookup: impl Fn(&str) -> Option<String>) -> Result<Self> {
+        let number = |name| value(&lookup, name).map(|v| v.parse::<u64>().expect("checked"));
+        // Lists keep their case: provider and interface names are case-sensitive.
+        let raw_list = |name| {
+            value(&lookup, name)
+                .map(|_| list(&lookup(name).unwrap_or_else(|| setting(name).default.into())))
+        };
+        Ok(Settings {
+            hmem: match value(&lookup, HMEM)?.as_str() {
+                "require" => HmemMode::Require,
+                "off" => HmemMode::Off,
+                "force" => HmemMode::Force,
+                _ => HmemMode::Auto,
+            },
+            providers: raw_list(PROVIDER)?,
+            domains: raw_list(DOMAINS)?,
+            exclude_domains: raw_list(EXCLUDE_DOMAINS)?,
+            endpoints: match value(&lookup, ENDPOINTS)?.as_str() {
+                "device" => EndpointSharing::PerDevice,
+                _ => EndpointSharing::PerComm,
+            },
+            connect_timeout_ms: number(CONNECT_TIMEOUT_MS)?,
+            close_timeout_ms: number(CLOSE_TIMEOUT_MS)?,
+            speed_mbps: number(SPEED_MBPS)?,
+            allow_native_tcp: value(&lookup, ALLOW_TCP_RDM)? == "yes",
+        })
+        .and_then(|s| {
+            // Checked here too so a bad NCCL_FABRIC_LOG fails init like any other setting.
+            value(&lookup, LOG)?;
+            Ok(s)
+        })
+    }
+}
+
+/// Whether `name` matches a pattern list entry (`eth0`, or a prefix `eth*`).
+pub fn matches_pattern(pattern: &str, name: &str) -> bool {
+    match pattern.strip_suffix('*') {
+        Some(prefix) => name.starts_with(prefix),
+        None => pattern == name,
+    }
+}
+
+/// The README's settings table, in Markdown.
+pub fn markdown_table() -> String {
+    let mut out =
+        String::from("| variable | values | default | meaning |\n| --- | --- | --- | --- |\n");
+    for s in TABLE {
+        let values = match s.kind {
+            Kind::Choice(words) => words
+                .iter()
+                .map(|w| format!("`{w}`"))
+                .collect::<Vec<_>>()
+                .join(", "),
+            Kind::List => "comma list".to_string(),
+            Kind::Number { min, max } => format!("{min}…{max}"),
+        };
+        let default = if s.default.is_empty() {
+            "(empty)".to_string()
+        } else {
+            format!("`{}`", s.default)
+        };
+        out.push_str(&format!(
+            "| `{}` | {values} | {default} | {} |\n",
+            s.name, s.meaning
+        ));
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::collections::HashMap;
+
+    fn parse(pairs: &[(&str, &str)]) -> Result<Settings> {
+        let map: HashMap<String, String> = pairs
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
+        Settings::from_lookup(|k| map.get(k).cloned())
+    }
+
+    #[test]
+    fn defaults_parse() {
+        let s = parse(&[]).unwrap();
+        assert_eq!(s.hmem, HmemMode::Auto);
+        assert!(s.providers.is_empty());
+        assert_eq!(s.exclude_domains, vec!["docker*", "virbr*", "veth*"]);
+        assert_eq!(s.connect_timeout_ms, 60000);
+    }
+
+    #[test]
+    fn bad_choice_names_variable_and_accepted_values() {
+        let err = parse(&[(HMEM, "banana")]).unwrap_err();
+        let text = err.to_string();
+        assert!(text.contains("NCCL_FABRIC_HMEM=banana"), "{text}");
+        assert!(text.contains("auto, require, off, force"), "{text}");
+        assert_eq!(err.nccl_result(), crate::nccl::NcclResult::InvalidUsage);
+    }
+
+    #[test]
+    fn bad_number_is_rejected() {
+        assert!(parse(&[(CONNECT_TIMEOUT_MS, "5")]).is_err());
+        assert!(parse(&[(CONNECT_TIMEOUT_MS, "x")]).is_err());
+        assert_eq!(
+            parse(&[(CONNECT_TIMEOUT_MS, "500")])
+                .unwrap()
+                .connect_timeout_ms,
+            500
+        );
+    }
+
+    #[test]
+    fn lists_keep_case_and_order() {
+        let s = parse(&[(PROVIDER, "shm, tcp;ofi_rxm")]).unwrap();
+        assert_eq!(s.providers, vec!["shm", "tcp;ofi_rxm"]);
+        assert!(matches_pattern("docker*", "docker0"));
+        assert!(!matches_pattern("eth0", "eth01"));
+    }
+
+    #[test]
+    fn choices_ignore_case() {
+        assert_eq!(parse(&[(HMEM, "Require")]).unwrap().hmem, HmemMode::Require);
+    }
+}
