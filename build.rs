@@ -106,6 +106,7 @@ fn generate_bindings(fabric: &Libfabric, out: &Path) -> String {
 
     let mut cc = cc::Build::new();
     cc.file(wrappers.with_extension("c"))
+        .file("src/c/mr_reg.c")
         .include(env!("CARGO_MANIFEST_DIR"))
         .include("include")
         .warnings(false);
@@ -136,6 +137,7 @@ fn main() {
     println!("cargo:rerun-if-changed=include/nccl_net.h");
     println!("cargo:rerun-if-changed=build.rs");
     println!("cargo:rerun-if-changed=src/c/host_logger.c");
+    println!("cargo:rerun-if-changed=src/c/mr_reg.c");
     println!("cargo::rustc-check-cfg=cfg(fi_has_cuda_api_permitted)");
 
     let out = PathBuf::from(env::var_os("OUT_DIR").expect("cargo sets OUT_DIR"));

@@ -172,9 +172,6 @@ impl<'a> Info<'a> {
     pub fn mr_key_size(&self) -> usize {
         self.domain_attr().mr_key_size
     }
-    pub fn data_progress(&self) -> sys::fi_progress {
-        self.domain_attr().data_progress
-    }
     pub fn mem_tag_format(&self) -> u64 {
         self.ep_attr().mem_tag_format
     }

@@ -303,7 +303,9 @@ impl PluginLib {
         Ok((send.expect("set"), recv.expect("set")))
     }
 
-    pub fn reg_mr(
+    /// # Safety
+    /// `data` must stay allocated for `size` bytes until `dereg_mr`.
+    pub unsafe fn reg_mr(
         &self,
         comm: Ptr,
         data: *mut c_void,
@@ -311,7 +313,7 @@ impl PluginLib {
         kind: c_int,
     ) -> CallResult<Ptr> {
         let mut mh = ptr::null_mut();
-        // SAFETY: the caller's buffer stays allocated until dereg_mr.
+        // SAFETY: per the caller.
         check("regMr", unsafe {
             (self.table.reg_mr)(comm.0, data, size, kind, &mut mh)
         })?;

@@ -51,32 +51,29 @@ impl MemoryRegion {
     ) -> Result<Box<Self>> {
         let ep = &comm.ep;
         let mr_mode = ep.ep.domain.info.info().mr_mode();
-        let iov = libc::iovec {
-            iov_base: data,
-            iov_len: size,
+        let key = if mr_mode & sys::FI_MR_PROV_KEY as i32 != 0 {
+            0
+        } else {
+            NEXT_KEY.fetch_add(1, Ordering::Relaxed)
         };
-        let mut attr = sys::fi_mr_attr {
-            mr_iov: (&raw const iov).cast(),
-            iov_count: 1,
-            access: (sys::FI_SEND | sys::FI_RECV) as u64,
-            requested_key: if mr_mode & sys::FI_MR_PROV_KEY as i32 != 0 {
-                0
-            } else {
-                NEXT_KEY.fetch_add(1, Ordering::Relaxed)
-            },
-            ..Default::default()
+        let (iface, device) = match memory {
+            Memory::Host => (sys::FI_HMEM_SYSTEM, 0),
+            Memory::Cuda { device } => (sys::FI_HMEM_CUDA, device),
         };
-        match memory {
-            Memory::Host => attr.iface = sys::FI_HMEM_SYSTEM,
-            Memory::Cuda { device } => {
-                attr.iface = sys::FI_HMEM_CUDA;
-                attr.device.cuda = device;
-            }
-        }
         let mut mr = ptr::null_mut();
-        // SAFETY: the domain is open; attr and the iovec it points to live across the call;
-        // NCCL keeps the buffer allocated until deregMr.
-        let ret = unsafe { sys::fi_mr_regattr(ep.ep.domain.raw(), &attr, 0, &mut mr) };
+        // SAFETY: the domain is open; NCCL keeps the buffer allocated until deregMr.
+        let ret = unsafe {
+            sys::nccl_net_fabric_mr_reg(
+                ep.ep.domain.raw(),
+                data,
+                size,
+                (sys::FI_SEND | sys::FI_RECV) as u64,
+                key,
+                iface as i32,
+                device,
+                &mut mr,
+            )
+        };
         check("fi_mr_regattr", ret)?;
         let mut region = Box::new(MemoryRegion {
             magic: MR_MAGIC,

@@ -21,3 +21,17 @@ pub const OPT_CUDA_API_PERMITTED: u32 = 10;
 
 /// `FI_ADDR_UNSPEC` (`((uint64_t) -1)`, which bindgen cannot evaluate).
 pub const ADDR_UNSPEC: fi_addr_t = u64::MAX;
+
+extern "C" {
+    /// `fi_mr_regattr` for one buffer with iface and device (`src/c/mr_reg.c`).
+    pub fn nccl_net_fabric_mr_reg(
+        domain: *mut fid_domain,
+        buf: *mut ::std::os::raw::c_void,
+        len: usize,
+        access: u64,
+        requested_key: u64,
+        iface: ::std::os::raw::c_int,
+        device: ::std::os::raw::c_int,
+        mr: *mut *mut fid_mr,
+    ) -> ::std::os::raw::c_int;
+}

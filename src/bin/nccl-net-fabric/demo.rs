@@ -117,11 +117,17 @@ fn stream(
     let mut dst: Vec<Vec<u8>> = (0..IN_FLIGHT).map(|_| vec![0u8; size]).collect();
     let smr: Vec<Ptr> = src
         .iter_mut()
-        .map(|v| lib.reg_mr(a.send, v.as_mut_ptr().cast(), size, PTR_HOST))
+        .map(|v| {
+            // SAFETY: the buffers outlive their registrations (deregistered below).
+            unsafe { lib.reg_mr(a.send, v.as_mut_ptr().cast(), size, PTR_HOST) }
+        })
         .collect::<Result<_, _>>()?;
     let rmr: Vec<Ptr> = dst
         .iter_mut()
-        .map(|v| lib.reg_mr(b.recv, v.as_mut_ptr().cast(), size, PTR_HOST))
+        .map(|v| {
+            // SAFETY: as above.
+            unsafe { lib.reg_mr(b.recv, v.as_mut_ptr().cast(), size, PTR_HOST) }
+        })
         .collect::<Result<_, _>>()?;
     let start = Instant::now();
     let recv_side = std::thread::scope(|scope| {
