@@ -163,7 +163,8 @@ unsafe extern "C" fn reg_mr(
                 )))
             }
         };
-        *slot = Box::into_raw(MemoryRegion::register(comm, data, size, memory)?).cast();
+        // SAFETY: NCCL keeps the buffer allocated until deregMr.
+        *slot = Box::into_raw(unsafe { MemoryRegion::register(comm, data, size, memory)? }).cast();
         Ok(())
     })
 }

@@ -43,7 +43,9 @@ unsafe impl Send for MemoryRegion {}
 unsafe impl Sync for MemoryRegion {}
 
 impl MemoryRegion {
-    pub fn register(
+    /// # Safety
+    /// `data` must stay allocated for `size` bytes until the region is dropped.
+    pub unsafe fn register(
         comm: &Comm,
         data: *mut c_void,
         size: usize,
@@ -61,7 +63,7 @@ impl MemoryRegion {
             Memory::Cuda { device } => (sys::FI_HMEM_CUDA, device),
         };
         let mut mr = ptr::null_mut();
-        // SAFETY: the domain is open; NCCL keeps the buffer allocated until deregMr.
+        // SAFETY: the domain is open; the caller keeps the buffer allocated until drop.
         let ret = unsafe {
             sys::nccl_net_fabric_mr_reg(
                 ep.ep.domain.raw(),
