@@ -366,11 +366,23 @@ fn hmem_reason(
             format!("GPU buffers: no: no provider offers FI_HMEM (hints FI_TAGGED|FI_MSG|FI_HMEM found nothing); {} carries host buffers", chosen.provider)
         }
         None => {
-            let names: Vec<&str> = hmem_entries.iter().map(|c| c.provider.as_str()).collect();
+            let found: Vec<String> = hmem_entries
+                .iter()
+                .map(|c| match &c.setopt {
+                    Some(Ok(r)) => format!(
+                        "{} (setopt(FI_OPT_CUDA_API_PERMITTED=false) = {}: {})",
+                        c.provider,
+                        errno_name(*r),
+                        CudaApiAnswer::classify(*r).describe()
+                    ),
+                    Some(Err(e)) => format!("{} (probe failed: {e})", c.provider),
+                    None => format!("{} (not allowed by the settings)", c.provider),
+                })
+                .collect();
             format!(
-                "GPU buffers: no: {} does not offer FI_HMEM (the FI_HMEM hints found only {})",
+                "GPU buffers: no: {} does not offer FI_HMEM; the FI_HMEM hints found only {}",
                 chosen.provider,
-                names.join(", ")
+                found.join(", ")
             )
         }
     }

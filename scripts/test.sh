@@ -1,0 +1,23 @@
+#!/usr/bin/env bash
+# Runs the whole test suite, as CI does: installs what it needs (Debian packages, libfabric
+# 2.1 built from source into target/), then runs every test against Debian's libfabric 1.17
+# and again against the built 2.1, plus the format and lint checks.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+if ! command -v cargo >/dev/null; then
+  echo "test.sh: cargo not found: install a Rust toolchain (1.80 or newer), e.g. with rustup" >&2
+  exit 1
+fi
+bash scripts/setup-debian.sh
+prefix=$(bash scripts/build-libfabric.sh)
+
+echo "== format and lint"
+cargo fmt --check
+cargo clippy --all-targets --quiet -- -D warnings
+
+echo "== tests against libfabric $(pkg-config --modversion libfabric) (system)"
+cargo test --all-targets
+
+echo "== tests against libfabric 2.1 ($prefix)"
+LIBFABRIC_DIR=$prefix CARGO_TARGET_DIR=target/libfabric-2.1-build cargo test --all-targets

@@ -1,0 +1,257 @@
+//! Shared helpers: load the plugin `.so` like NCCL, and run scenarios in child processes.
+//!
+//! The plugin reads its settings once per process (at `init`), so each scenario that needs
+//! its own settings or provider runs in a child: the test binary re-runs itself with one
+//! `#[ignore]`d child test selected and the scenario's environment. Every child has a
+//! deadline and is killed when it passes it.
+#![allow(dead_code)]
+
+use nccl_net_fabric::host::PluginLib;
+use std::io::{BufRead, BufReader, Read, Write};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+/// Environment every scenario starts from: loopback domains only, quiet unless failing.
+pub const BASE_ENV: &[(&str, &str)] = &[
+    ("NCCL_FABRIC_DOMAINS", "lo,shm,sm2"),
+    ("NCCL_FABRIC_LOG", "warn"),
+];
+
+pub fn plugin() -> PluginLib {
+    PluginLib::open(&PluginLib::default_path()).expect("load the plugin .so")
+}
+
+/// The running libfabric's (major, minor).
+pub fn libfabric_version() -> (u32, u32) {
+    let v = nccl_net_fabric::fabric::runtime_version();
+    (v >> 16, v & 0xffff)
+}
+
+/// Providers the data-path scenarios run over on this libfabric: `tcp;ofi_rxm` and `shm`
+/// everywhere, native `tcp` where libfabric has it (>= 1.18).
+pub fn data_providers() -> Vec<&'static str> {
+    let mut p = vec!["tcp;ofi_rxm", "shm"];
+    if libfabric_version() >= (1, 18) {
+        p.push("tcp");
+    }
+    p
+}
+
+/// Environment that makes the plugin pick `provider`.
+pub fn provider_env(provider: &str) -> Vec<(String, String)> {
+    let mut env: Vec<(String, String)> = BASE_ENV
+        .iter()
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect();
+    env.push(("NCCL_FABRIC_PROVIDER".into(), provider.into()));
+    if provider == "tcp" {
+        env.push(("NCCL_FABRIC_ALLOW_NATIVE_TCP".into(), "yes".into()));
+    }
+    env
+}
+
+/// A child running one ignored test of this binary.
+pub struct ChildTest {
+    child: Child,
+    name: String,
+    deadline: Instant,
+}
+
+pub struct Finished {
+    pub success: bool,
+    pub stdout: String,
+    pub stderr: String,
+}
+
+impl Finished {
+    /// Values the child printed as `RESULT key=value`.
+    pub fn result(&self, key: &str) -> Option<String> {
+        let prefix = format!("RESULT {key}=");
+        // libtest may print "test name ... " on the same line before the child's output.
+        self.stdout
+            .lines()
+            .find_map(|l| l.split_once(&prefix).map(|(_, v)| v.to_string()))
+    }
+}
+
+pub fn spawn_child(name: &str, env: &[(String, String)], timeout: Duration) -> ChildTest {
+    let exe = std::env::current_exe().expect("test binary path");
+    let child = Command::new(exe)
+        .args([
+            name,
+            "--exact",
+            "--ignored",
+            "--nocapture",
+            "--test-threads=1",
+        ])
+        .env("NFAB_CHILD", name)
+        .envs(env.iter().map(|(k, v)| (k.as_str(), v.as_str())))
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn child test");
+    ChildTest {
+        child,
+        name: name.to_string(),
+        deadline: Instant::now() + timeout,
+    }
+}
+
+impl ChildTest {
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    pub fn send_line(&mut self, line: &str) {
+        let stdin = self.child.stdin.as_mut().expect("child stdin");
+        writeln!(stdin, "{line}").expect("write to child");
+        stdin.flush().expect("flush");
+    }
+
+    /// Reads stdout until a `RESULT key=value` line; panics at the deadline.
+    pub fn read_result(&mut self, key: &str) -> String {
+        let stdout = self.child.stdout.take().expect("child stdout");
+        let (tx, rx) = std::sync::mpsc::channel();
+        let prefix = format!("RESULT {key}=");
+        std::thread::spawn(move || {
+            let mut reader = BufReader::new(stdout);
+            let mut line = String::new();
+            let mut rest = String::new();
+            let mut found = None;
+            while reader.read_line(&mut line).unwrap_or(0) > 0 {
+                if found.is_none() {
+                    if let Some((_, v)) = line.trim_end().split_once(&prefix) {
+                        found = Some(v.to_string());
+                        let _ = tx.send(Some(v.to_string()));
+                    }
+                }
+                rest.push_str(&line);
+                line.clear();
+            }
+            if found.is_none() {
+                let _ = tx.send(None);
+            }
+        });
+        let left = self.deadline.saturating_duration_since(Instant::now());
+        match rx.recv_timeout(left) {
+            Ok(Some(v)) => v,
+            other => {
+                let _ = self.child.kill();
+                let mut err = String::new();
+                if let Some(mut e) = self.child.stderr.take() {
+                    let _ = e.read_to_string(&mut err);
+                }
+                panic!(
+                    "child {} gave no RESULT {key} ({other:?}); stderr:\n{err}",
+                    self.name
+                );
+            }
+        }
+    }
+
+    pub fn kill(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+
+    /// Waits for the child to exit; kills it and panics at the deadline.
+    pub fn finish(mut self) -> Finished {
+        let mut out = self.child.stdout.take();
+        let mut err = self.child.stderr.take();
+        let out_reader = std::thread::spawn(move || {
+            let mut s = String::new();
+            if let Some(o) = out.as_mut() {
+                let _ = o.read_to_string(&mut s);
+            }
+            s
+        });
+        let err_reader = std::thread::spawn(move || {
+            let mut s = String::new();
+            if let Some(e) = err.as_mut() {
+                let _ = e.read_to_string(&mut s);
+            }
+            s
+        });
+        drop(self.child.stdin.take());
+        let status = loop {
+            if let Some(s) = self.child.try_wait().expect("wait for child") {
+                break s;
+            }
+            if Instant::now() > self.deadline {
+                let _ = self.child.kill();
+                let _ = self.child.wait();
+                let stderr = err_reader.join().unwrap_or_default();
+                panic!(
+                    "child {} passed its deadline and was killed; stderr:\n{stderr}",
+                    self.name
+                );
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        };
+        Finished {
+            success: status.success(),
+            stdout: out_reader.join().unwrap_or_default(),
+            stderr: err_reader.join().unwrap_or_default(),
+        }
+    }
+}
+
+/// Runs a child test to completion and returns what it printed.
+pub fn run_child(name: &str, env: &[(String, String)], timeout: Duration) -> Finished {
+    spawn_child(name, env, timeout).finish()
+}
+
+/// Runs a child test and fails with its output if it failed.
+pub fn run_child_ok(name: &str, env: &[(String, String)], timeout: Duration) -> Finished {
+    let f = run_child(name, env, timeout);
+    assert!(
+        f.success,
+        "child {name} failed\n--- stdout\n{}\n--- stderr\n{}",
+        f.stdout, f.stderr
+    );
+    f
+}
+
+/// True inside a child started by [`spawn_child`] for `name`.
+pub fn is_child(name: &str) -> bool {
+    std::env::var("NFAB_CHILD").is_ok_and(|v| v == name)
+}
+
+/// Reads one line from stdin (a child receiving a handle from its parent) with a deadline.
+pub fn read_stdin_line(timeout: Duration) -> String {
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let mut line = String::new();
+        let _ = std::io::stdin().read_line(&mut line);
+        let _ = tx.send(line);
+    });
+    rx.recv_timeout(timeout)
+        .expect("a line from the parent in time")
+}
+
+/// Counts open file descriptors of this process.
+pub fn open_fds() -> usize {
+    std::fs::read_dir("/proc/self/fd")
+        .map(|d| d.count())
+        .unwrap_or(0)
+}
+
+/// Resident set size of this process, in KiB.
+pub fn rss_kib() -> u64 {
+    std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with("VmRSS:"))
+                .and_then(|l| l.split_whitespace().nth(1)?.parse().ok())
+        })
+        .unwrap_or(0)
+}
+
+/// Deterministic payload for message `i` of `len` bytes.
+pub fn pattern(i: usize, len: usize) -> Vec<u8> {
+    (0..len)
+        .map(|j| (j.wrapping_mul(31) ^ i.wrapping_mul(131) ^ (j >> 8)) as u8)
+        .collect()
+}

@@ -1,0 +1,228 @@
+//! The plugin as NCCL loads it: dlopen with RTLD_NOW|RTLD_LOCAL, the v8 table, exported
+//! symbols, init/devices/getProperties with real providers, and init's failures.
+
+mod common;
+
+use common::*;
+use nccl_net_fabric::nccl::{NcclResult, PTR_HOST};
+use std::process::Command;
+use std::time::Duration;
+
+const T: Duration = Duration::from_secs(60);
+
+#[test]
+fn only_the_table_is_exported() {
+    let path = nccl_net_fabric::host::PluginLib::default_path();
+    let out = Command::new("nm")
+        .args(["-D", "--defined-only"])
+        .arg(&path)
+        .output()
+        .expect("run nm");
+    assert!(
+        out.status.success(),
+        "nm failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let symbols: Vec<String> = String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .filter_map(|l| l.split_whitespace().nth(2).map(str::to_string))
+        .collect();
+    assert_eq!(
+        symbols,
+        vec!["ncclNetPlugin_v8".to_string()],
+        "exported: {symbols:?}"
+    );
+    let lib = plugin();
+    assert!(lib.symbol("ncclNetPlugin_v8"));
+    assert!(!lib.symbol("rust_begin_unwind"));
+    assert!(!lib.symbol("fi_tsend__extern"));
+    assert_eq!(lib.name(), "Fabric");
+    assert!(
+        lib.table().reg_mr_dma_buf.is_some() && lib.table().irecv_consumed.is_some(),
+        "every field filled"
+    );
+}
+
+#[test]
+fn soname_is_what_ld_preload_needs() {
+    let out = Command::new("readelf")
+        .arg("-d")
+        .arg(nccl_net_fabric::host::PluginLib::default_path())
+        .output()
+        .expect("readelf");
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(text.contains("Library soname: [libnccl-net.so]"), "{text}");
+}
+
+/// Child: init/devices/getProperties through the table; prints what it saw.
+#[test]
+#[ignore = "child process of another test"]
+fn child_report() {
+    let lib = plugin();
+    // With an NCCL-style logger, so WARN/INFO lines go through the plugin's NCCL layer.
+    match lib.init(true) {
+        Ok(()) => println!("RESULT init=0"),
+        Err(e) => {
+            println!("RESULT init={}", e.code);
+            return;
+        }
+    }
+    let n = lib.devices().expect("devices");
+    println!("RESULT devices={n}");
+    let mut names = Vec::new();
+    for d in 0..n {
+        let p = lib.properties(d).expect("getProperties");
+        assert_eq!(p.max_recvs, 1);
+        assert_eq!(p.net_device_type, 0, "host device");
+        assert!(p.speed > 0);
+        assert!(p.ptr_support & PTR_HOST != 0);
+        assert!(p.max_comms > 0);
+        names.push(p.name);
+    }
+    println!("RESULT names={}", names.join(","));
+    let first = lib.properties(0).expect("getProperties");
+    println!("RESULT ptr_support={}", first.ptr_support);
+    println!(
+        "RESULT pci_path={}",
+        first.pci_path.unwrap_or_else(|| "NULL".into())
+    );
+    // Out-of-range devices are an error, not a crash.
+    let bad = lib.properties(n).unwrap_err();
+    println!("RESULT bad_device={}", bad.code);
+    // A second init keeps the first decision.
+    lib.init(true).expect("second init");
+    assert_eq!(lib.devices().unwrap(), n);
+}
+
+fn report(env: &[(&str, &str)]) -> Finished {
+    let mut e: Vec<(String, String)> = BASE_ENV
+        .iter()
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect();
+    e.extend(env.iter().map(|(k, v)| (k.to_string(), v.to_string())));
+    run_child_ok("child_report", &e, T)
+}
+
+#[test]
+fn tcp_devices_and_properties() {
+    let f = report(&[("FI_PROVIDER", "tcp")]);
+    assert_eq!(f.result("init").as_deref(), Some("0"), "{}", f.stderr);
+    assert_eq!(
+        f.result("devices").as_deref(),
+        Some("1"),
+        "only lo is allowed: {}",
+        f.stdout
+    );
+    assert_eq!(f.result("names").as_deref(), Some("lo"));
+    assert_eq!(
+        f.result("ptr_support").as_deref(),
+        Some("1"),
+        "tcp carries host buffers only"
+    );
+    assert_eq!(
+        f.result("pci_path").as_deref(),
+        Some("NULL"),
+        "lo has no PCI device"
+    );
+    assert_eq!(
+        f.result("bad_device"),
+        Some((NcclResult::InvalidArgument as i32).to_string())
+    );
+}
+
+#[test]
+fn shm_devices_and_properties() {
+    let f = report(&[("FI_PROVIDER", "shm")]);
+    assert_eq!(f.result("init").as_deref(), Some("0"), "{}", f.stderr);
+    assert_eq!(f.result("devices").as_deref(), Some("1"));
+    assert_eq!(f.result("names").as_deref(), Some("shm"));
+    assert_eq!(f.result("ptr_support").as_deref(), Some("1"));
+}
+
+#[test]
+fn device_names_are_unique() {
+    let f = report(&[
+        ("NCCL_FABRIC_DOMAINS", "*"),
+        ("NCCL_FABRIC_PROVIDER", "tcp;ofi_rxm"),
+    ]);
+    let names = f.result("names").unwrap_or_default();
+    let list: Vec<&str> = names.split(',').collect();
+    let mut dedup = list.clone();
+    dedup.sort_unstable();
+    dedup.dedup();
+    assert_eq!(list.len(), dedup.len(), "{names}");
+    assert!(list.contains(&"lo"), "{names}");
+}
+
+#[test]
+fn unknown_provider_fails_init_with_a_warning() {
+    let f = report(&[("FI_PROVIDER", "doesnotexist")]);
+    assert_eq!(
+        f.result("init"),
+        Some((NcclResult::SystemError as i32).to_string()),
+        "{}",
+        f.stdout
+    );
+    assert!(
+        f.stderr
+            .contains("NCCL WARN NET/Fabric : init: no libfabric provider matched"),
+        "{}",
+        f.stderr
+    );
+    assert!(
+        f.stderr.contains("FI_PROVIDER=doesnotexist"),
+        "the WARN says what was asked for: {}",
+        f.stderr
+    );
+}
+
+#[test]
+fn bad_setting_is_invalid_usage_naming_the_variable() {
+    let f = report(&[("NCCL_FABRIC_HMEM", "banana")]);
+    assert_eq!(
+        f.result("init"),
+        Some((NcclResult::InvalidUsage as i32).to_string())
+    );
+    assert!(f.stderr.contains("NCCL_FABRIC_HMEM=banana"), "{}", f.stderr);
+    assert!(
+        f.stderr.contains("auto, require, off, force"),
+        "{}",
+        f.stderr
+    );
+    let f = report(&[("NCCL_FABRIC_CONNECT_TIMEOUT_MS", "soon")]);
+    assert_eq!(
+        f.result("init"),
+        Some((NcclResult::InvalidUsage as i32).to_string())
+    );
+    assert!(
+        f.stderr.contains("NCCL_FABRIC_CONNECT_TIMEOUT_MS=soon"),
+        "{}",
+        f.stderr
+    );
+}
+
+#[test]
+fn calls_before_init_fail_cleanly() {
+    // In this process nobody called init on this copy of the plugin... unless another test
+    // did; run it in a child to be sure.
+    let f = run_child_ok("child_before_init", &[], T);
+    assert_eq!(
+        f.result("devices"),
+        Some((NcclResult::InternalError as i32).to_string())
+    );
+}
+
+#[test]
+#[ignore = "child process of another test"]
+fn child_before_init() {
+    let lib = plugin();
+    println!("RESULT devices={}", lib.devices().unwrap_err().code);
+}
+
+#[test]
+fn readme_settings_table_matches_the_code() {
+    let readme = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/README.md"))
+        .expect("README.md");
+    let table = nccl_net_fabric::settings::markdown_table();
+    assert!(readme.contains(&table), "README's settings table is out of date: regenerate it with `nccl-net-fabric settings`\n{table}");
+}
