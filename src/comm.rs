@@ -16,6 +16,7 @@ use crate::settings::EndpointSharing;
 use crate::sys;
 use crate::tags::Tags;
 use parking_lot::Mutex;
+use std::collections::HashMap;
 use std::ffi::c_void;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -28,19 +29,33 @@ const LIVENESS_INTERVAL: Duration = Duration::from_millis(500);
 /// Progress batches read per call before returning to NCCL.
 const PROGRESS_ROUNDS: usize = 8;
 
-/// An endpoint and what every comm on it shares: the tag layout, the comm-id counter and a
-/// nonce that makes this endpoint's handles unique.
+/// Which side of a comm pair an endpoint serves. With shared endpoints a device has one of
+/// each, so two ranks of one process never send to their own endpoint (some providers,
+/// shm among them, cannot).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Role {
+    /// Listen comms and the receive comms they accept.
+    Receiving = 0,
+    /// Send comms made by connect.
+    Sending = 1,
+}
+
+/// An endpoint and what every comm on it shares: the tag layout, the comm-id counter, a
+/// nonce that makes this endpoint's handles unique, and the peers already in its address
+/// vector (each address is inserted once, so every comm to a peer uses one fi_addr).
 pub struct SharedEndpoint {
     pub ep: Endpoint,
     pub tags: Tags,
     pub nonce: u64,
     pub me: Identity,
     next_id: AtomicU64,
+    peers: Mutex<HashMap<Vec<u8>, sys::fi_addr_t>>,
 }
 
 impl SharedEndpoint {
-    /// The endpoint a new comm on `device` uses: the device's shared one, or a new one.
-    pub fn for_device(plugin: &Plugin, device: &Device) -> Result<Arc<Self>> {
+    /// The endpoint a new comm on `device` uses: the device's shared one for `role`, or a new
+    /// one (`NCCL_FABRIC_ENDPOINTS=comm`).
+    pub fn for_device(plugin: &Plugin, device: &Device, role: Role) -> Result<Arc<Self>> {
         let open = || -> Result<Arc<Self>> {
             let ep = Endpoint::open(&device.domain, plugin.gpu)?;
             tracing::debug!(
@@ -55,12 +70,14 @@ impl SharedEndpoint {
                 nonce: random_u64(),
                 me: Identity::current(),
                 next_id: AtomicU64::new(1),
+                peers: Mutex::new(HashMap::new()),
             }))
         };
         match plugin.sharing() {
             EndpointSharing::PerComm => open(),
             EndpointSharing::PerDevice => {
-                let mut slot = device.shared_endpoint.lock();
+                let mut slots = device.shared_endpoints.lock();
+                let slot = &mut slots[role as usize];
                 if let Some(ep) = slot.upgrade() {
                     return Ok(ep);
                 }
@@ -69,6 +86,17 @@ impl SharedEndpoint {
                 Ok(ep)
             }
         }
+    }
+
+    /// The fi_addr of a peer address, inserting it into the address vector the first time.
+    pub fn peer(&self, addr: &[u8]) -> Result<sys::fi_addr_t> {
+        let mut peers = self.peers.lock();
+        if let Some(&a) = peers.get(addr) {
+            return Ok(a);
+        }
+        let a = self.ep.insert(addr)?;
+        peers.insert(addr.to_vec(), a);
+        Ok(a)
     }
 
     /// A comm id unique on this endpoint for its lifetime.
@@ -277,21 +305,19 @@ impl Comm {
         };
         let mut seq = self.post.lock();
         let tag = self.ep.tags.data(self.data_id, *seq);
-        let ctx = req.op.context();
+        req.posted.store(len, Ordering::Relaxed);
         // SAFETY: the caller keeps `buf` valid until test() reports the request done; the
         // request's Op lives in this comm, which close() only frees once the provider has let
         // go of it.
-        let posted = unsafe {
+        let posted = req.op.post(|ctx| unsafe {
             match self.dir {
                 Direction::Send => self.ep.ep.tsend(buf, len, desc, self.peer.addr, tag, ctx),
                 Direction::Recv => self.ep.ep.trecv(buf, len, desc, tag, ctx),
             }
-        };
+        });
         match posted {
             Ok(true) => {
                 *seq = seq.wrapping_add(1);
-                req.posted.store(len, Ordering::Relaxed);
-                req.op.posted();
                 Ok(Some((req as *const Request).cast_mut()))
             }
             Ok(false) => {
@@ -413,7 +439,8 @@ impl Request {
                     "receive"
                 };
                 Err(match f {
-                    Some(f) if f.err == sys::FI_ETRUNC as i32 => Error::Truncated {
+                    // Providers differ in the sign of `err` (shm reports -FI_ETRUNC).
+                    Some(f) if f.err.unsigned_abs() == sys::FI_ETRUNC => Error::Truncated {
                         posted,
                         peer: comm.peer_text(),
                     },

@@ -4,7 +4,7 @@
 //! A connect in progress is kept by the plugin, keyed by the handle's (nonce, listen id), so
 //! nothing it needs lives only in NCCL's handle buffer.
 
-use crate::comm::{Comm, Direction, Peer, SharedEndpoint};
+use crate::comm::{Comm, Direction, Peer, Role, SharedEndpoint};
 use crate::error::{Error, Result};
 use crate::handshake::{Ack, Connect, Handle, MSG_SIZE};
 use crate::nccl::NET_HANDLE_MAXSIZE;
@@ -39,19 +39,10 @@ impl Message {
     fn post_recv(&self, ep: &SharedEndpoint, tag: u64) -> Result<bool> {
         // SAFETY: buf and op live in a heap object (listen comm or connect state) that is only
         // freed after `retire` saw the op leave the provider.
-        let ok = unsafe {
-            ep.ep.trecv(
-                self.ptr(),
-                MSG_SIZE,
-                std::ptr::null_mut(),
-                tag,
-                self.op.context(),
-            )?
-        };
-        if ok {
-            self.op.posted();
-        }
-        Ok(ok)
+        self.op.post(|ctx| unsafe {
+            ep.ep
+                .trecv(self.ptr(), MSG_SIZE, std::ptr::null_mut(), tag, ctx)
+        })
     }
     fn post_send(
         &self,
@@ -60,20 +51,10 @@ impl Message {
         tag: u64,
     ) -> Result<bool> {
         // SAFETY: as in post_recv.
-        let ok = unsafe {
-            ep.ep.tsend(
-                self.ptr(),
-                MSG_SIZE,
-                std::ptr::null_mut(),
-                dest,
-                tag,
-                self.op.context(),
-            )?
-        };
-        if ok {
-            self.op.posted();
-        }
-        Ok(ok)
+        self.op.post(|ctx| unsafe {
+            ep.ep
+                .tsend(self.ptr(), MSG_SIZE, std::ptr::null_mut(), dest, tag, ctx)
+        })
     }
     /// The op's outcome as a Result; `what` names it in errors.
     fn outcome(&self, what: &str) -> Result<Option<usize>> {
@@ -128,7 +109,7 @@ pub fn listen(
     handle: &mut [u8; NET_HANDLE_MAXSIZE],
 ) -> Result<Box<ListenComm>> {
     let device = plugin.device(dev)?;
-    let ep = SharedEndpoint::for_device(plugin, device)?;
+    let ep = SharedEndpoint::for_device(plugin, device, Role::Receiving)?;
     let id = ep.next_id();
     Handle {
         listen_id: id,
@@ -201,7 +182,7 @@ impl ListenComm {
                             "CONNECT names another endpoint (stale handle?)".into(),
                         ));
                     }
-                    let addr = self.ep.ep.insert(&msg.sender_addr)?;
+                    let addr = self.ep.peer(&msg.sender_addr)?;
                     Ack {
                         nonce: self.ep.nonce,
                         receiver: self.ep.me,
@@ -306,8 +287,8 @@ pub fn connect(
     let mut map = CONNECTING.lock();
     if let std::collections::hash_map::Entry::Vacant(slot) = map.entry(key) {
         let device = plugin.device(dev)?;
-        let ep = SharedEndpoint::for_device(plugin, device)?;
-        let listener = ep.ep.insert(&handle.addr).map_err(|e| {
+        let ep = SharedEndpoint::for_device(plugin, device, Role::Sending)?;
+        let listener = ep.peer(&handle.addr).map_err(|e| {
             Error::InvalidArgument(format!(
                 "the handle's address was rejected by {}: {e}",
                 device.candidate.provider
@@ -357,6 +338,25 @@ pub fn connect(
 
 fn advance(c: &mut Connecting, plugin: &Plugin) -> Result<Option<Box<Comm>>> {
     c.ep.progress()?;
+    let gone = |c: &Connecting| {
+        if Instant::now() > c.deadline {
+            return Some(Error::Remote(format!(
+                "the listener (pid {}) did not answer within {} ms: it exited, closed its listen \
+                 comm, or the handle is stale (raise NCCL_FABRIC_CONNECT_TIMEOUT_MS if peers are \
+                 just slow)",
+                c.handle.owner.pid, plugin.settings.connect_timeout_ms
+            )));
+        }
+        if c.ep.me.same_host(&c.handle.owner)
+            && !crate::handshake::process_alive(c.handle.owner.pid)
+        {
+            return Some(Error::Remote(format!(
+                "the listener process {} exited",
+                c.handle.owner.pid
+            )));
+        }
+        None
+    };
     loop {
         match c.state {
             ConnectState::NeedAckRecv => {
@@ -364,7 +364,7 @@ fn advance(c: &mut Connecting, plugin: &Plugin) -> Result<Option<Box<Comm>>> {
                     .ack
                     .post_recv(&c.ep, c.ep.tags.control(c.sender_id, tags::ACK))?
                 {
-                    return Ok(None);
+                    return gone(c).map_or(Ok(None), Err);
                 }
                 c.state = ConnectState::NeedConnectSend;
             }
@@ -374,7 +374,7 @@ fn advance(c: &mut Connecting, plugin: &Plugin) -> Result<Option<Box<Comm>>> {
                     c.listener,
                     c.ep.tags.control(c.handle.listen_id, tags::CONNECT),
                 )? {
-                    return Ok(None);
+                    return gone(c).map_or(Ok(None), Err);
                 }
                 c.state = ConnectState::Wait;
             }
@@ -382,23 +382,7 @@ fn advance(c: &mut Connecting, plugin: &Plugin) -> Result<Option<Box<Comm>>> {
                 let sent = c.connect.outcome("sending CONNECT to the listener")?;
                 let acked = c.ack.outcome("receiving the listener's ACK")?;
                 if sent.is_none() || acked.is_none() {
-                    if Instant::now() > c.deadline {
-                        return Err(Error::Remote(format!(
-                            "the listener (pid {}) did not answer within {} ms: it exited, closed its \
-                             listen comm, or the handle is stale (raise NCCL_FABRIC_CONNECT_TIMEOUT_MS \
-                             if peers are just slow)",
-                            c.handle.owner.pid, plugin.settings.connect_timeout_ms
-                        )));
-                    }
-                    if c.ep.me.same_host(&c.handle.owner)
-                        && !crate::handshake::process_alive(c.handle.owner.pid)
-                    {
-                        return Err(Error::Remote(format!(
-                            "the listener process {} exited",
-                            c.handle.owner.pid
-                        )));
-                    }
-                    return Ok(None);
+                    return gone(c).map_or(Ok(None), Err);
                 }
                 let ack = Ack::read(&c.ack.buf.lock()[..])?;
                 if ack.nonce != c.handle.nonce {

@@ -6,6 +6,7 @@
 //! with atomics, so it may belong to another comm or thread than the reader.
 
 use crate::endpoint::{Completion, Failure};
+use crate::error::Result;
 use crate::sys;
 use parking_lot::Mutex;
 use std::ffi::c_void;
@@ -60,10 +61,23 @@ impl Op {
     pub fn context(&self) -> *mut c_void {
         (self as *const Op).cast_mut().cast()
     }
-    pub fn posted(&self) {
+    /// Posts the operation with `post(context)`, which returns `Ok(true)` if the provider
+    /// took it and `Ok(false)` for "try again".
+    ///
+    /// The op is marked posted *before* the provider sees it: on a shared completion queue
+    /// another thread may read its completion before `post` even returns, and that
+    /// completion must not be overwritten. If the provider does not take it, the mark is
+    /// undone (no completion can come then).
+    pub fn post(&self, post: impl FnOnce(*mut c_void) -> Result<bool>) -> Result<bool> {
         *self.failure.lock() = None;
         self.owned_by_provider.store(true, Ordering::Release);
         self.state.store(POSTED, Ordering::Release);
+        let taken = post(self.context());
+        if !matches!(taken, Ok(true)) {
+            self.state.store(IDLE, Ordering::Release);
+            self.owned_by_provider.store(false, Ordering::Release);
+        }
+        taken
     }
     pub fn reset(&self) {
         self.state.store(IDLE, Ordering::Release);

@@ -61,8 +61,9 @@ pub struct Device {
     pub domain: Arc<Domain>,
     pub props: Properties,
     pub candidate: Candidate,
-    /// With `NCCL_FABRIC_ENDPOINTS=device`, the endpoint all comms of this device share.
-    pub shared_endpoint: Mutex<Weak<crate::comm::SharedEndpoint>>,
+    /// With `NCCL_FABRIC_ENDPOINTS=device`, the endpoints all comms of this device share,
+    /// indexed by [`crate::comm::Role`].
+    pub shared_endpoints: Mutex<[Weak<crate::comm::SharedEndpoint>; 2]>,
 }
 
 pub struct Plugin {
@@ -185,7 +186,7 @@ fn open_devices(settings: Settings, discovery: &Discovery, decision: &Decision) 
             domain,
             props,
             candidate: c,
-            shared_endpoint: Mutex::new(Weak::new()),
+            shared_endpoints: Mutex::new([Weak::new(), Weak::new()]),
         });
     }
     let summary = summary(discovery, decision, &devices);

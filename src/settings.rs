@@ -69,9 +69,10 @@ pub const TABLE: &[Setting] = &[
     Setting {
         name: ENDPOINTS,
         kind: Kind::Choice(&["device", "comm"]),
-        default: "comm",
-        meaning: "`comm`: one libfabric endpoint per NCCL comm; `device`: one endpoint per device \
-                  shared by all comms of the process, kept apart by tags",
+        default: "device",
+        meaning: "`device`: per device, one endpoint for all receiving comms and one for all \
+                  sending comms of the process, kept apart by tags; `comm`: one endpoint per comm \
+                  (slower to connect, e.g. with tcp;ofi_rxm)",
     },
     Setting {
         name: CONNECT_TIMEOUT_MS,
@@ -211,8 +212,8 @@ impl Settings {
             domains: raw_list(DOMAINS)?,
             exclude_domains: raw_list(EXCLUDE_DOMAINS)?,
             endpoints: match value(&lookup, ENDPOINTS)?.as_str() {
-                "device" => EndpointSharing::PerDevice,
-                _ => EndpointSharing::PerComm,
+                "comm" => EndpointSharing::PerComm,
+                _ => EndpointSharing::PerDevice,
             },
             connect_timeout_ms: number(CONNECT_TIMEOUT_MS)?,
             close_timeout_ms: number(CLOSE_TIMEOUT_MS)?,

@@ -50,11 +50,15 @@ pub fn provider_env(provider: &str) -> Vec<(String, String)> {
     env
 }
 
-/// A child running one ignored test of this binary.
+/// A child running one ignored test of this binary. Its stdout and stderr are drained by
+/// threads from the start, so a chatty child can never block on a full pipe.
 pub struct ChildTest {
     child: Child,
     name: String,
     deadline: Instant,
+    lines: std::sync::mpsc::Receiver<String>,
+    seen: Vec<String>,
+    stderr: Option<std::thread::JoinHandle<String>>,
 }
 
 pub struct Finished {
@@ -76,7 +80,7 @@ impl Finished {
 
 pub fn spawn_child(name: &str, env: &[(String, String)], timeout: Duration) -> ChildTest {
     let exe = std::env::current_exe().expect("test binary path");
-    let child = Command::new(exe)
+    let mut child = Command::new(exe)
         .args([
             name,
             "--exact",
@@ -91,10 +95,29 @@ pub fn spawn_child(name: &str, env: &[(String, String)], timeout: Duration) -> C
         .stderr(Stdio::piped())
         .spawn()
         .expect("spawn child test");
+    let stdout = child.stdout.take().expect("child stdout");
+    let (tx, lines) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stdout).lines() {
+            let Ok(line) = line else { break };
+            if tx.send(line).is_err() {
+                break;
+            }
+        }
+    });
+    let mut err = child.stderr.take().expect("child stderr");
+    let stderr = Some(std::thread::spawn(move || {
+        let mut s = String::new();
+        let _ = err.read_to_string(&mut s);
+        s
+    }));
     ChildTest {
         child,
         name: name.to_string(),
         deadline: Instant::now() + timeout,
+        lines,
+        seen: Vec::new(),
+        stderr,
     }
 }
 
@@ -109,43 +132,33 @@ impl ChildTest {
         stdin.flush().expect("flush");
     }
 
-    /// Reads stdout until a `RESULT key=value` line; panics at the deadline.
+    /// Reads stdout until a `RESULT key=value` line; kills the child and panics at the deadline.
     pub fn read_result(&mut self, key: &str) -> String {
-        let stdout = self.child.stdout.take().expect("child stdout");
-        let (tx, rx) = std::sync::mpsc::channel();
         let prefix = format!("RESULT {key}=");
-        std::thread::spawn(move || {
-            let mut reader = BufReader::new(stdout);
-            let mut line = String::new();
-            let mut rest = String::new();
-            let mut found = None;
-            while reader.read_line(&mut line).unwrap_or(0) > 0 {
-                if found.is_none() {
-                    if let Some((_, v)) = line.trim_end().split_once(&prefix) {
-                        found = Some(v.to_string());
-                        let _ = tx.send(Some(v.to_string()));
+        loop {
+            let left = self.deadline.saturating_duration_since(Instant::now());
+            match self.lines.recv_timeout(left) {
+                Ok(line) => {
+                    let found = line.split_once(&prefix).map(|(_, v)| v.to_string());
+                    self.seen.push(line);
+                    if let Some(v) = found {
+                        return v;
                     }
                 }
-                rest.push_str(&line);
-                line.clear();
-            }
-            if found.is_none() {
-                let _ = tx.send(None);
-            }
-        });
-        let left = self.deadline.saturating_duration_since(Instant::now());
-        match rx.recv_timeout(left) {
-            Ok(Some(v)) => v,
-            other => {
-                let _ = self.child.kill();
-                let mut err = String::new();
-                if let Some(mut e) = self.child.stderr.take() {
-                    let _ = e.read_to_string(&mut err);
+                Err(e) => {
+                    let _ = self.child.kill();
+                    let _ = self.child.wait();
+                    let err = self
+                        .stderr
+                        .take()
+                        .map(|h| h.join().unwrap_or_default())
+                        .unwrap_or_default();
+                    panic!(
+                        "child {} gave no RESULT {key} ({e}); stdout:\n{}\nstderr:\n{err}",
+                        self.name,
+                        self.seen.join("\n")
+                    );
                 }
-                panic!(
-                    "child {} gave no RESULT {key} ({other:?}); stderr:\n{err}",
-                    self.name
-                );
             }
         }
     }
@@ -157,22 +170,6 @@ impl ChildTest {
 
     /// Waits for the child to exit; kills it and panics at the deadline.
     pub fn finish(mut self) -> Finished {
-        let mut out = self.child.stdout.take();
-        let mut err = self.child.stderr.take();
-        let out_reader = std::thread::spawn(move || {
-            let mut s = String::new();
-            if let Some(o) = out.as_mut() {
-                let _ = o.read_to_string(&mut s);
-            }
-            s
-        });
-        let err_reader = std::thread::spawn(move || {
-            let mut s = String::new();
-            if let Some(e) = err.as_mut() {
-                let _ = e.read_to_string(&mut s);
-            }
-            s
-        });
         drop(self.child.stdin.take());
         let status = loop {
             if let Some(s) = self.child.try_wait().expect("wait for child") {
@@ -181,7 +178,11 @@ impl ChildTest {
             if Instant::now() > self.deadline {
                 let _ = self.child.kill();
                 let _ = self.child.wait();
-                let stderr = err_reader.join().unwrap_or_default();
+                let stderr = self
+                    .stderr
+                    .take()
+                    .map(|h| h.join().unwrap_or_default())
+                    .unwrap_or_default();
                 panic!(
                     "child {} passed its deadline and was killed; stderr:\n{stderr}",
                     self.name
@@ -189,10 +190,20 @@ impl ChildTest {
             }
             std::thread::sleep(Duration::from_millis(20));
         };
+        // The reader thread ends at EOF, which comes once the child has exited.
+        let mut out = std::mem::take(&mut self.seen);
+        while let Ok(line) = self.lines.recv_timeout(Duration::from_secs(5)) {
+            out.push(line);
+        }
+        let stderr = self
+            .stderr
+            .take()
+            .map(|h| h.join().unwrap_or_default())
+            .unwrap_or_default();
         Finished {
             success: status.success(),
-            stdout: out_reader.join().unwrap_or_default(),
-            stderr: err_reader.join().unwrap_or_default(),
+            stdout: out.join("\n"),
+            stderr,
         }
     }
 }
@@ -235,6 +246,14 @@ pub fn open_fds() -> usize {
     std::fs::read_dir("/proc/self/fd")
         .map(|d| d.count())
         .unwrap_or(0)
+}
+
+/// Heap bytes in use (malloc'ed plus mmap'ed by malloc), from glibc's `mallinfo2`: unlike
+/// RSS, it does not count memory the allocator keeps after a free.
+pub fn heap_in_use() -> usize {
+    // SAFETY: mallinfo2 only reads the allocator's statistics.
+    let m = unsafe { libc::mallinfo2() };
+    m.uordblks + m.hblkhd
 }
 
 /// Resident set size of this process, in KiB.

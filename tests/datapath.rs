@@ -1,0 +1,712 @@
+//! The data path through the exported C table, as NCCL drives it: two processes, two ranks
+//! on threads, many sizes and requests in flight, many comm pairs, connect/close cycles, bad
+//! handles, truncated receives and a peer killed mid-transfer. Each scenario runs in child
+//! processes, once per provider (`tcp;ofi_rxm`, `shm`, and native `tcp` on libfabric >= 1.18),
+//! and every wait has a deadline.
+
+mod common;
+
+use common::*;
+use nccl_net_fabric::host::{handle_from_hex, handle_to_hex, PluginLib, Ptr};
+use nccl_net_fabric::nccl::{NcclResult, NET_HANDLE_MAXSIZE, PTR_HOST};
+use std::collections::VecDeque;
+use std::time::{Duration, Instant};
+
+const CHILD_TIMEOUT: Duration = Duration::from_secs(120);
+/// Sizes every transfer test covers: empty, tiny, odd, and 4 KiB … 8 MiB.
+const SIZES: &[usize] = &[
+    0,
+    1,
+    7,
+    4095,
+    4096,
+    65_537,
+    1 << 16,
+    1 << 20,
+    4 << 20,
+    8 << 20,
+];
+const IN_FLIGHT: usize = 8;
+
+fn deadline(secs: u64) -> Instant {
+    Instant::now() + Duration::from_secs(secs)
+}
+
+fn init() -> PluginLib {
+    let lib = plugin();
+    lib.init(true).expect("init");
+    assert!(lib.devices().expect("devices") >= 1);
+    lib
+}
+
+/// Registered buffers for one side of a stream.
+struct Buffers {
+    bufs: Vec<Vec<u8>>,
+    mrs: Vec<Ptr>,
+}
+
+impl Buffers {
+    fn new(lib: &PluginLib, comm: Ptr, n: usize, len: usize) -> Self {
+        let mut bufs: Vec<Vec<u8>> = (0..n).map(|_| vec![0u8; len.max(1)]).collect();
+        let mrs = bufs
+            .iter_mut()
+            .map(|b| {
+                // SAFETY: the buffers live until `release` deregisters them.
+                unsafe { lib.reg_mr(comm, b.as_mut_ptr().cast(), b.len(), PTR_HOST) }
+                    .expect("regMr")
+            })
+            .collect();
+        Buffers { bufs, mrs }
+    }
+    fn release(self, lib: &PluginLib, comm: Ptr) {
+        for m in self.mrs {
+            lib.dereg_mr(comm, m).expect("deregMr");
+        }
+    }
+}
+
+/// Sends message i of `len` bytes for i in 0..count, IN_FLIGHT at a time.
+fn send_all(lib: &PluginLib, comm: Ptr, len: usize, count: usize, until: Instant) {
+    let mut b = Buffers::new(lib, comm, IN_FLIGHT, len);
+    let mut pending: VecDeque<(Ptr, usize)> = VecDeque::new();
+    for i in 0..count {
+        if pending.len() == IN_FLIGHT {
+            let (r, sent) = pending.pop_front().expect("non-empty");
+            assert_eq!(lib.wait(r, until).expect("send completes"), sent as i32);
+        }
+        let slot = i % IN_FLIGHT;
+        b.bufs[slot][..len].copy_from_slice(&pattern(i, len));
+        // SAFETY: the slot's buffer is not touched again until this request completed.
+        let r = unsafe {
+            lib.isend_until(
+                comm,
+                b.bufs[slot].as_mut_ptr().cast(),
+                len as i32,
+                b.mrs[slot],
+                until,
+            )
+        }
+        .expect("isend");
+        pending.push_back((r, len));
+    }
+    for (r, sent) in pending {
+        assert_eq!(lib.wait(r, until).expect("send completes"), sent as i32);
+    }
+    b.release(lib, comm);
+}
+
+/// Receives `count` messages of `len` bytes into buffers `extra` bytes larger, checking
+/// each byte and the reported size.
+fn recv_all(lib: &PluginLib, comm: Ptr, len: usize, extra: usize, count: usize, until: Instant) {
+    let cap = len + extra;
+    let mut b = Buffers::new(lib, comm, IN_FLIGHT, cap);
+    let mut pending: VecDeque<(Ptr, usize, usize)> = VecDeque::new();
+    let check = |b: &Buffers, lib: &PluginLib, r: Ptr, slot: usize, i: usize| {
+        let got = lib.wait(r, until).expect("receive completes");
+        assert_eq!(got as usize, len, "message {i}: reported size");
+        assert!(
+            b.bufs[slot][..len] == pattern(i, len)[..],
+            "message {i} of {len} bytes differs"
+        );
+    };
+    for i in 0..count {
+        if pending.len() == IN_FLIGHT {
+            let (r, slot, j) = pending.pop_front().expect("non-empty");
+            check(&b, lib, r, slot, j);
+        }
+        let slot = i % IN_FLIGHT;
+        // SAFETY: the slot's buffer is read only after this request completed.
+        let r = unsafe {
+            lib.irecv_until(
+                comm,
+                b.bufs[slot].as_mut_ptr().cast(),
+                cap as i32,
+                b.mrs[slot],
+                until,
+            )
+        }
+        .expect("irecv");
+        pending.push_back((r, slot, i));
+    }
+    for (r, slot, j) in pending {
+        check(&b, lib, r, slot, j);
+    }
+    b.release(lib, comm);
+}
+
+fn count_for(len: usize) -> usize {
+    if len >= 4 << 20 {
+        4
+    } else {
+        12
+    }
+}
+
+/// Both directions at once over (send, recv) of each rank.
+fn exchange(lib: &PluginLib, send: Ptr, recv: Ptr, until: Instant) {
+    std::thread::scope(|s| {
+        s.spawn(|| {
+            for (k, &len) in SIZES.iter().enumerate() {
+                recv_all(
+                    lib,
+                    recv,
+                    len,
+                    if k % 2 == 0 { 0 } else { 64 },
+                    count_for(len),
+                    until,
+                );
+            }
+        });
+        for &len in SIZES {
+            send_all(lib, send, len, count_for(len), until);
+        }
+    });
+}
+
+// ---------------------------------------------------------------------------------------
+// Two ranks on threads in one process.
+
+#[test]
+#[ignore = "child process of another test"]
+fn child_two_ranks_threads() {
+    let lib = init();
+    let until = deadline(90);
+    let (h0, l0) = lib.listen(0).expect("listen 0");
+    let (h1, l1) = lib.listen(0).expect("listen 1");
+    let lib = &lib;
+    std::thread::scope(|s| {
+        // Rank r connects to the other rank's handle and accepts on its own listen comm.
+        let rank = |mut peer: [u8; NET_HANDLE_MAXSIZE], listen: Ptr| {
+            move || {
+                let (mut send, mut recv) = (None, None);
+                while send.is_none() || recv.is_none() {
+                    if send.is_none() {
+                        send = lib.connect(0, &mut peer).expect("connect");
+                    }
+                    if recv.is_none() {
+                        recv = lib.accept(listen).expect("accept");
+                    }
+                    assert!(Instant::now() < until, "connect/accept deadline");
+                }
+                lib.close_listen(listen).expect("closeListen");
+                let (send, recv) = (send.unwrap(), recv.unwrap());
+                exchange(lib, send, recv, until);
+                lib.close_send(send).expect("closeSend");
+                lib.close_recv(recv).expect("closeRecv");
+            }
+        };
+        let a = s.spawn(rank(h1, l0));
+        let b = s.spawn(rank(h0, l1));
+        a.join().expect("rank 0");
+        b.join().expect("rank 1");
+    });
+    println!("RESULT ok=1");
+}
+
+fn for_each_provider(child: &str, extra: &[(&str, &str)]) {
+    for p in data_providers() {
+        let mut env = provider_env(p);
+        env.extend(extra.iter().map(|(k, v)| (k.to_string(), v.to_string())));
+        let f = run_child(child, &env, CHILD_TIMEOUT);
+        assert!(
+            f.success && f.result("ok").is_some(),
+            "{child} over {p} failed\n--- stdout\n{}\n--- stderr\n{}",
+            f.stdout,
+            f.stderr
+        );
+    }
+}
+
+#[test]
+fn two_ranks_on_threads() {
+    for_each_provider("child_two_ranks_threads", &[]);
+}
+
+#[test]
+fn two_ranks_on_threads_sharing_one_endpoint() {
+    for_each_provider(
+        "child_two_ranks_threads",
+        &[("NCCL_FABRIC_ENDPOINTS", "device")],
+    );
+}
+
+// ---------------------------------------------------------------------------------------
+// Two processes: handles cross over pipes.
+
+#[test]
+#[ignore = "child process of another test"]
+fn child_process_rank() {
+    let lib = init();
+    let until = deadline(90);
+    let (handle, listen) = lib.listen(0).expect("listen");
+    println!("RESULT handle={}", handle_to_hex(&handle));
+    let mut peer = handle_from_hex(&read_stdin_line(Duration::from_secs(30))).expect("peer handle");
+    let (mut send, mut recv) = (None, None);
+    while send.is_none() || recv.is_none() {
+        if send.is_none() {
+            send = lib.connect(0, &mut peer).expect("connect");
+        }
+        if recv.is_none() {
+            recv = lib.accept(listen).expect("accept");
+        }
+        assert!(Instant::now() < until, "connect/accept deadline");
+    }
+    lib.close_listen(listen).expect("closeListen");
+    let (send, recv) = (send.unwrap(), recv.unwrap());
+    exchange(&lib, send, recv, until);
+    lib.close_send(send).expect("closeSend");
+    lib.close_recv(recv).expect("closeRecv");
+    println!("RESULT ok=1");
+}
+
+/// Starts two rank processes and hands each the other's handle.
+fn process_pair(child: &str, env: &[(String, String)]) -> (ChildTest, ChildTest) {
+    let mut a = spawn_child(child, env, CHILD_TIMEOUT);
+    let mut b = spawn_child(child, env, CHILD_TIMEOUT);
+    let ha = a.read_result("handle");
+    let hb = b.read_result("handle");
+    a.send_line(&hb);
+    b.send_line(&ha);
+    (a, b)
+}
+
+#[test]
+fn two_processes() {
+    for p in data_providers() {
+        let env = provider_env(p);
+        let (a, b) = process_pair("child_process_rank", &env);
+        for (name, f) in [("a", a.finish()), ("b", b.finish())] {
+            assert!(
+                f.success,
+                "rank {name} over {p} failed\n--- stdout\n{}\n--- stderr\n{}",
+                f.stdout, f.stderr
+            );
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// 16 comm pairs at once.
+
+/// Streams `count` messages on every comm of `comms` at once from one thread, as NCCL's
+/// progress thread serves many comms: round robin, up to 4 requests in flight per comm.
+fn stream_many(
+    lib: &PluginLib,
+    comms: &[Ptr],
+    sending: bool,
+    lens: &[usize],
+    count: usize,
+    until: Instant,
+) {
+    const DEPTH: usize = 4;
+    let mut bufs: Vec<Vec<Vec<u8>>> = lens
+        .iter()
+        .map(|&l| (0..DEPTH).map(|_| vec![0u8; l]).collect())
+        .collect();
+    let mut pending: Vec<VecDeque<(Ptr, usize, usize)>> = vec![VecDeque::new(); comms.len()];
+    let mut posted = vec![0usize; comms.len()];
+    let mut done = vec![0usize; comms.len()];
+    while done.iter().any(|&d| d < count) {
+        assert!(
+            Instant::now() < until,
+            "deadline passed with {done:?} of {count} done"
+        );
+        for k in 0..comms.len() {
+            // Complete the oldest request of this comm if it is done.
+            if let Some(&(r, slot, i)) = pending[k].front() {
+                if let Some(n) = lib.test(r).expect("test") {
+                    pending[k].pop_front();
+                    assert_eq!(n as usize, lens[k], "comm {k} message {i} size");
+                    if !sending {
+                        assert!(
+                            bufs[k][slot] == pattern(i + k, lens[k]),
+                            "comm {k} message {i} differs"
+                        );
+                    }
+                    done[k] += 1;
+                }
+            }
+            if posted[k] < count && pending[k].len() < DEPTH {
+                let i = posted[k];
+                let slot = i % DEPTH;
+                if sending {
+                    bufs[k][slot] = pattern(i + k, lens[k]);
+                }
+                let p = bufs[k][slot].as_mut_ptr().cast();
+                // SAFETY: each slot is reused only after its previous request completed.
+                let r = unsafe {
+                    if sending {
+                        lib.isend(comms[k], p, lens[k] as i32, Ptr(std::ptr::null_mut()))
+                    } else {
+                        lib.irecv(comms[k], p, lens[k] as i32, Ptr(std::ptr::null_mut()))
+                    }
+                }
+                .expect("post");
+                if let Some(r) = r {
+                    pending[k].push_back((r, slot, i));
+                    posted[k] += 1;
+                }
+            }
+        }
+    }
+}
+
+#[test]
+#[ignore = "child process of another test"]
+fn child_sixteen_pairs() {
+    let lib = init();
+    let until = deadline(90);
+    let pairs: Vec<(Ptr, Ptr)> = (0..16)
+        .map(|_| lib.connect_pair(0, until).expect("connect_pair"))
+        .collect();
+    let lens: Vec<usize> = (0..16).map(|k| 4096 * (k + 1) + k).collect();
+    let sends: Vec<Ptr> = pairs.iter().map(|p| p.0).collect();
+    let recvs: Vec<Ptr> = pairs.iter().map(|p| p.1).collect();
+    let lib = &lib;
+    std::thread::scope(|s| {
+        s.spawn(|| stream_many(lib, &recvs, false, &lens, 16, until));
+        stream_many(lib, &sends, true, &lens, 16, until);
+    });
+    for (send, recv) in pairs {
+        lib.close_send(send).expect("closeSend");
+        lib.close_recv(recv).expect("closeRecv");
+    }
+    println!("RESULT ok=1");
+}
+
+#[test]
+fn sixteen_comm_pairs_at_once() {
+    for_each_provider("child_sixteen_pairs", &[]);
+    for_each_provider(
+        "child_sixteen_pairs",
+        &[("NCCL_FABRIC_ENDPOINTS", "device")],
+    );
+}
+
+// ---------------------------------------------------------------------------------------
+// 50 connect/close cycles without growth.
+
+#[test]
+#[ignore = "child process of another test"]
+fn child_cycles() {
+    let lib = init();
+    let cycle = |lib: &PluginLib| {
+        let until = deadline(30);
+        let (send, recv) = lib.connect_pair(0, until).expect("connect_pair");
+        std::thread::scope(|s| {
+            s.spawn(|| recv_all(lib, recv, 65_536, 0, 4, until));
+            send_all(lib, send, 65_536, 4, until);
+        });
+        // Registering the same range repeatedly must neither fail nor leak.
+        let mut buf = vec![0u8; 1 << 20];
+        let mrs: Vec<Ptr> = (0..8)
+            .map(|_| {
+                // SAFETY: buf outlives the registrations, deregistered just below.
+                unsafe { lib.reg_mr(send, buf.as_mut_ptr().cast(), buf.len(), PTR_HOST) }
+                    .expect("repeated regMr")
+            })
+            .collect();
+        for m in mrs {
+            lib.dereg_mr(send, m).expect("deregMr");
+        }
+        lib.close_send(send).expect("closeSend");
+        lib.close_recv(recv).expect("closeRecv");
+    };
+    for _ in 0..5 {
+        cycle(&lib);
+    }
+    let (fds, heap, rss) = (open_fds(), heap_in_use(), rss_kib());
+    for _ in 0..50 {
+        cycle(&lib);
+    }
+    let (fds2, heap2, rss2) = (open_fds(), heap_in_use(), rss_kib());
+    println!("RESULT fds={fds}->{fds2}");
+    println!("RESULT heap={heap}->{heap2}");
+    println!("RESULT rss_kib={rss}->{rss2}");
+    assert!(
+        fds2 <= fds,
+        "open fds grew from {fds} to {fds2} over 50 cycles"
+    );
+    // A leaked comm pair (two request pools, ~13 KiB) per cycle would add ~650 KiB;
+    // libfabric's own bookkeeping adds well under 64 KiB over 50 cycles.
+    assert!(
+        heap2 <= heap + (256 << 10),
+        "heap in use grew from {heap} to {heap2} bytes over 50 cycles"
+    );
+    println!("RESULT ok=1");
+}
+
+#[test]
+fn fifty_connect_close_cycles_without_growth() {
+    for_each_provider("child_cycles", &[]);
+    for_each_provider("child_cycles", &[("NCCL_FABRIC_ENDPOINTS", "comm")]);
+}
+
+// ---------------------------------------------------------------------------------------
+// Bad input: malformed, zeroed, stale handles; a receive smaller than the send.
+
+#[test]
+#[ignore = "child process of another test"]
+fn child_bad_handles() {
+    let lib = init();
+    let code = |r: Result<Option<Ptr>, nccl_net_fabric::host::CallError>| match r {
+        Ok(_) => panic!("connect accepted a bad handle"),
+        Err(e) => e.code,
+    };
+    // Zeroed.
+    let mut zero = [0u8; NET_HANDLE_MAXSIZE];
+    assert_eq!(
+        code(lib.connect(0, &mut zero)),
+        NcclResult::InvalidArgument as i32
+    );
+    // Corrupted bytes of a real handle: the checksum catches them.
+    let (good, listen) = lib.listen(0).expect("listen");
+    for i in [0usize, 5, 9, 30, 45] {
+        let mut bad = good;
+        bad[i] ^= 0x5a;
+        assert_eq!(
+            code(lib.connect(0, &mut bad)),
+            NcclResult::InvalidArgument as i32,
+            "byte {i}"
+        );
+    }
+    // Random garbage.
+    let mut junk = [0u8; NET_HANDLE_MAXSIZE];
+    for (i, b) in junk.iter_mut().enumerate() {
+        *b = (i * 37 + 11) as u8;
+    }
+    assert_eq!(
+        code(lib.connect(0, &mut junk)),
+        NcclResult::InvalidArgument as i32
+    );
+    // A well-formed handle whose address libfabric rejects (or cannot reach).
+    let fake = nccl_net_fabric::handshake::Handle {
+        listen_id: 1,
+        nonce: 99,
+        owner: nccl_net_fabric::handshake::Identity { host: 0, pid: 1 },
+        addr: vec![0xff; 3],
+    };
+    let mut buf = [0u8; NET_HANDLE_MAXSIZE];
+    fake.write(&mut buf).expect("encode");
+    let until = deadline(20);
+    let err = loop {
+        match lib.connect(0, &mut buf) {
+            Err(e) => break e.code,
+            Ok(Some(_)) => panic!("connected to a fake address"),
+            Ok(None) => assert!(Instant::now() < until, "bad address did not fail in time"),
+        }
+    };
+    println!("RESULT bad_address={err}");
+    // Stale: the listen comm is closed before anyone connects.
+    lib.close_listen(listen).expect("closeListen");
+    let mut stale = good;
+    let until = deadline(20);
+    let err = loop {
+        match lib.connect(0, &mut stale) {
+            Err(e) => break e.code,
+            Ok(Some(_)) => panic!("connected through a stale handle"),
+            Ok(None) => assert!(Instant::now() < until, "stale handle did not fail in time"),
+        }
+    };
+    assert_eq!(err, NcclResult::RemoteError as i32);
+    // NULL and foreign pointers are refused, not dereferenced as ours.
+    assert!(lib.accept(Ptr(std::ptr::null_mut())).is_err());
+    let mut not_a_comm = [0u64; 64];
+    assert_eq!(
+        lib.close_send(Ptr(not_a_comm.as_mut_ptr().cast()))
+            .unwrap_err()
+            .code,
+        NcclResult::InvalidArgument as i32
+    );
+    assert_eq!(
+        lib.test(Ptr(not_a_comm.as_mut_ptr().cast()))
+            .unwrap_err()
+            .code,
+        NcclResult::InvalidArgument as i32
+    );
+    println!("RESULT ok=1");
+}
+
+#[test]
+fn bad_handles_give_errors_not_crashes() {
+    for_each_provider(
+        "child_bad_handles",
+        &[("NCCL_FABRIC_CONNECT_TIMEOUT_MS", "1500")],
+    );
+}
+
+#[test]
+#[ignore = "child process of another test"]
+fn child_truncated() {
+    let lib = init();
+    let until = deadline(30);
+    let (send, recv) = lib.connect_pair(0, until).expect("connect_pair");
+    let mut src = pattern(1, 4096);
+    let mut dst = vec![0u8; 1024];
+    // SAFETY: both buffers outlive the requests, which are waited for below.
+    let r = unsafe {
+        lib.irecv_until(
+            recv,
+            dst.as_mut_ptr().cast(),
+            1024,
+            Ptr(std::ptr::null_mut()),
+            until,
+        )
+    }
+    .expect("irecv");
+    // SAFETY: as above.
+    let s = unsafe {
+        lib.isend_until(
+            send,
+            src.as_mut_ptr().cast(),
+            4096,
+            Ptr(std::ptr::null_mut()),
+            until,
+        )
+    }
+    .expect("isend");
+    let got = lib.wait(r, until);
+    let e = got.expect_err("a 1 KiB receive of a 4 KiB send must fail");
+    println!("RESULT truncated={}", e.code);
+    assert_ne!(e.code, -1, "it failed by error code, not by deadline");
+    // The sender may finish or fail; either way within the deadline.
+    let _ = lib.wait(s, until);
+    lib.close_send(send).expect("closeSend");
+    lib.close_recv(recv).expect("closeRecv");
+    println!("RESULT ok=1");
+}
+
+#[test]
+fn receive_smaller_than_send_is_an_error() {
+    for p in data_providers() {
+        let f = run_child(&"child_truncated", &provider_env(p), CHILD_TIMEOUT);
+        assert!(f.success, "over {p}\n{}\n{}", f.stdout, f.stderr);
+        assert_eq!(
+            f.result("truncated"),
+            Some((NcclResult::InternalError as i32).to_string()),
+            "over {p}: {}",
+            f.stderr
+        );
+        assert!(
+            f.stderr.contains("truncated"),
+            "WARN names the truncation: {}",
+            f.stderr
+        );
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// A peer killed mid-transfer.
+
+#[test]
+#[ignore = "child process of another test"]
+fn child_victim() {
+    // Connects both ways, then streams forever; the test kills it.
+    let lib = init();
+    let until = deadline(60);
+    let (handle, listen) = lib.listen(0).expect("listen");
+    println!("RESULT handle={}", handle_to_hex(&handle));
+    let mut peer = handle_from_hex(&read_stdin_line(Duration::from_secs(30))).expect("peer handle");
+    let send = lib.connect_until(0, &mut peer, until).expect("connect");
+    let recv = lib.accept_until(listen, until).expect("accept");
+    println!("RESULT streaming=1");
+    let _ = recv;
+    send_all(&lib, send, 1 << 20, 1_000_000, deadline(120));
+}
+
+#[test]
+#[ignore = "child process of another test"]
+fn child_survivor() {
+    let lib = init();
+    let until = deadline(60);
+    let (handle, listen) = lib.listen(0).expect("listen");
+    println!("RESULT handle={}", handle_to_hex(&handle));
+    let mut peer = handle_from_hex(&read_stdin_line(Duration::from_secs(30))).expect("peer handle");
+    let recv = lib.accept_until(listen, until).expect("accept");
+    let send = lib.connect_until(0, &mut peer, until).expect("connect");
+    let mut buf = vec![0u8; 1 << 20];
+    let mut back = vec![0u8; 1 << 20];
+    println!("RESULT receiving=1");
+    // Receive until the peer dies: the error must come within the deadline.
+    let died = deadline(30);
+    let recv_err = loop {
+        // SAFETY: buf outlives the request, which is waited for right away.
+        let r = match unsafe {
+            lib.irecv_until(
+                recv,
+                buf.as_mut_ptr().cast(),
+                buf.len() as i32,
+                Ptr(std::ptr::null_mut()),
+                died,
+            )
+        } {
+            Ok(r) => r,
+            Err(e) => break e,
+        };
+        if let Err(e) = lib.wait(r, died) {
+            break e;
+        }
+    };
+    assert_ne!(
+        recv_err.code, -1,
+        "receive from a dead peer hit the deadline instead of failing"
+    );
+    println!("RESULT recv_error={}", recv_err.code);
+    // Sending to the dead peer fails too, or at least never hangs: bounded by a deadline.
+    let until = deadline(30);
+    let send_err = (0..64).find_map(|_| {
+        // SAFETY: back outlives the request, which is waited for right away.
+        let s = match unsafe {
+            lib.isend_until(
+                send,
+                back.as_mut_ptr().cast(),
+                back.len() as i32,
+                Ptr(std::ptr::null_mut()),
+                until,
+            )
+        } {
+            Ok(s) => s,
+            Err(e) => return Some(e),
+        };
+        lib.wait(s, until).err()
+    });
+    println!("RESULT send_error={}", send_err.map_or(0, |e| e.code));
+    lib.close_send(send).expect("closeSend");
+    lib.close_recv(recv).expect("closeRecv");
+    println!("RESULT ok=1");
+}
+
+#[test]
+fn peer_killed_mid_transfer() {
+    for p in data_providers() {
+        let env = provider_env(p);
+        let mut survivor = spawn_child("child_survivor", &env, CHILD_TIMEOUT);
+        let mut victim = spawn_child("child_victim", &env, CHILD_TIMEOUT);
+        let hs = survivor.read_result("handle");
+        let hv = victim.read_result("handle");
+        survivor.send_line(&hv);
+        victim.send_line(&hs);
+        let _ = victim.read_result("streaming");
+        std::thread::sleep(Duration::from_millis(300));
+        victim.kill();
+        let f = survivor.finish();
+        assert!(
+            f.success,
+            "survivor over {p} failed\n--- stdout\n{}\n--- stderr\n{}",
+            f.stdout, f.stderr
+        );
+        let code: i32 = f
+            .result("recv_error")
+            .and_then(|v| v.parse().ok())
+            .expect("recv_error");
+        assert!(
+            code == NcclResult::RemoteError as i32 || code == NcclResult::SystemError as i32,
+            "over {p}: {code}"
+        );
+        assert!(
+            f.stderr.contains("NCCL WARN NET/Fabric"),
+            "a WARN says what happened: {}",
+            f.stderr
+        );
+    }
+}
