@@ -322,6 +322,10 @@ impl Comm {
             }
             Ok(false) => {
                 req.in_use.store(false, Ordering::Release);
+                // A peer that died with our messages unread stops taking new ones.
+                if !self.check_peer() {
+                    return Err(self.dead_peer_error());
+                }
                 Ok(None)
             }
             Err(e) => {

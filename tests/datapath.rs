@@ -223,10 +223,10 @@ fn two_ranks_on_threads() {
 }
 
 #[test]
-fn two_ranks_on_threads_sharing_one_endpoint() {
+fn two_ranks_on_threads_with_an_endpoint_per_comm() {
     for_each_provider(
         "child_two_ranks_threads",
-        &[("NCCL_FABRIC_ENDPOINTS", "device")],
+        &[("NCCL_FABRIC_ENDPOINTS", "comm")],
     );
 }
 
@@ -377,10 +377,7 @@ fn child_sixteen_pairs() {
 #[test]
 fn sixteen_comm_pairs_at_once() {
     for_each_provider("child_sixteen_pairs", &[]);
-    for_each_provider(
-        "child_sixteen_pairs",
-        &[("NCCL_FABRIC_ENDPOINTS", "device")],
-    );
+    for_each_provider("child_sixteen_pairs", &[("NCCL_FABRIC_ENDPOINTS", "comm")]);
 }
 
 // ---------------------------------------------------------------------------------------
@@ -579,7 +576,7 @@ fn child_truncated() {
 #[test]
 fn receive_smaller_than_send_is_an_error() {
     for p in data_providers() {
-        let f = run_child(&"child_truncated", &provider_env(p), CHILD_TIMEOUT);
+        let f = run_child("child_truncated", &provider_env(p), CHILD_TIMEOUT);
         assert!(f.success, "over {p}\n{}\n{}", f.stdout, f.stderr);
         assert_eq!(
             f.result("truncated"),
@@ -689,7 +686,13 @@ fn peer_killed_mid_transfer() {
         let _ = victim.read_result("streaming");
         std::thread::sleep(Duration::from_millis(300));
         victim.kill();
+        let started = Instant::now();
         let f = survivor.finish();
+        eprintln!(
+            "{p}: survivor finished {:?} after the kill: {:?}",
+            started.elapsed(),
+            f.result("send_error")
+        );
         assert!(
             f.success,
             "survivor over {p} failed\n--- stdout\n{}\n--- stderr\n{}",
