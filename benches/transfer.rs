@@ -1,0 +1,336 @@
+//! Throughput and latency of the plugin, measured through its exported C table, side by side
+//! with raw libfabric (tagged send/recv on two endpoints of the same provider and domain, no
+//! plugin in between) in the same run.
+//!
+//! `cargo bench --bench transfer` runs `tcp;ofi_rxm` and `shm` (and native `tcp` on
+//! libfabric >= 1.18), each in its own process; `-- PROVIDER` runs one. Prints GB/s per size,
+//! the 8-byte half round trip, and plugin/raw ratios.
+
+use nccl_net_fabric::discover::discover;
+use nccl_net_fabric::endpoint::Endpoint;
+use nccl_net_fabric::fabric::{runtime_version, version_string, Domain, Fabric};
+use nccl_net_fabric::host::{PluginLib, Ptr};
+use nccl_net_fabric::nccl::PTR_HOST;
+use nccl_net_fabric::op::{Op, Status};
+use nccl_net_fabric::provider::decide;
+use nccl_net_fabric::settings::Settings;
+use std::collections::VecDeque;
+use std::ffi::c_void;
+use std::process::Command;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+const SIZES: &[usize] = &[4 << 10, 64 << 10, 512 << 10, 1 << 20, 4 << 20];
+const IN_FLIGHT: usize = 8;
+const BYTES_PER_SIZE: usize = 512 << 20;
+const PINGS: usize = 5000;
+
+fn iters(size: usize) -> usize {
+    (BYTES_PER_SIZE / size).clamp(16, 20_000)
+}
+
+/// One side of a transfer, whichever way it is implemented.
+trait Side: Sync {
+    /// Posts one operation on buffer `buf`; `None`: try again.
+    fn post(&self, slot: usize, buf: *mut u8, len: usize) -> Option<usize>;
+    /// Whether the operation with this token finished.
+    fn done(&self, token: usize) -> bool;
+}
+
+fn drive(side: &dyn Side, bufs: &[usize], len: usize, count: usize) {
+    let deadline = Instant::now() + Duration::from_secs(120);
+    let mut pending = VecDeque::new();
+    for i in 0..count {
+        if pending.len() == IN_FLIGHT {
+            let t = pending.pop_front().expect("non-empty");
+            while !side.done(t) {
+                assert!(Instant::now() < deadline, "benchmark stalled");
+            }
+        }
+        let slot = i % IN_FLIGHT;
+        loop {
+            if let Some(t) = side.post(slot, bufs[slot] as *mut u8, len) {
+                pending.push_back(t);
+                break;
+            }
+            assert!(Instant::now() < deadline, "benchmark stalled");
+        }
+    }
+    for t in pending {
+        while !side.done(t) {
+            assert!(Instant::now() < deadline, "benchmark stalled");
+        }
+    }
+}
+
+fn stream(send: &dyn Side, recv: &dyn Side, len: usize) -> f64 {
+    let count = iters(len);
+    let mut sbufs: Vec<Vec<u8>> = (0..IN_FLIGHT).map(|_| vec![1u8; len]).collect();
+    let mut rbufs: Vec<Vec<u8>> = (0..IN_FLIGHT).map(|_| vec![0u8; len]).collect();
+    let sp: Vec<usize> = sbufs.iter_mut().map(|b| b.as_mut_ptr() as usize).collect();
+    let rp: Vec<usize> = rbufs.iter_mut().map(|b| b.as_mut_ptr() as usize).collect();
+    let start = Instant::now();
+    std::thread::scope(|s| {
+        s.spawn(|| drive(recv, &rp, len, count));
+        drive(send, &sp, len, count);
+    });
+    (len * count) as f64 / start.elapsed().as_secs_f64() / 1e9
+}
+
+fn ping_pong(a_send: &dyn Side, a_recv: &dyn Side, b_send: &dyn Side, b_recv: &dyn Side) -> f64 {
+    let mut bufs = [[0u8; 8]; 3];
+    let [pa, pb, pc] = [0, 1, 2].map(|i| bufs[i].as_mut_ptr() as usize);
+    let wait = |side: &dyn Side, buf: usize| {
+        let t = loop {
+            if let Some(t) = side.post(0, buf as *mut u8, 8) {
+                break t;
+            }
+        };
+        while !side.done(t) {}
+    };
+    let start = Instant::now();
+    std::thread::scope(|s| {
+        s.spawn(|| {
+            for _ in 0..PINGS {
+                wait(b_recv, pc);
+                wait(b_send, pc);
+            }
+        });
+        for _ in 0..PINGS {
+            wait(a_send, pa);
+            wait(a_recv, pb);
+        }
+    });
+    start.elapsed().as_secs_f64() * 1e6 / (2 * PINGS) as f64
+}
+
+// ----------------------------------------------------------------------------------------
+// The plugin, through its C table.
+
+struct PluginSide<'a> {
+    lib: &'a PluginLib,
+    comm: Ptr,
+    send: bool,
+    /// Registrations per buffer address.
+    mrs: parking_lot::Mutex<Vec<(usize, Ptr)>>,
+}
+
+impl PluginSide<'_> {
+    fn mr(&self, buf: *mut u8, len: usize) -> Ptr {
+        let mut mrs = self.mrs.lock();
+        if let Some(&(_, m)) = mrs.iter().find(|(a, _)| *a == buf as usize) {
+            return m;
+        }
+        // SAFETY: benchmark buffers outlive the run; registrations are never released early.
+        let m = unsafe { self.lib.reg_mr(self.comm, buf.cast(), len, PTR_HOST) }.expect("regMr");
+        mrs.push((buf as usize, m));
+        m
+    }
+}
+
+impl Side for PluginSide<'_> {
+    fn post(&self, _slot: usize, buf: *mut u8, len: usize) -> Option<usize> {
+        let mh = if len > 8 {
+            self.mr(buf, len)
+        } else {
+            Ptr(std::ptr::null_mut())
+        };
+        // SAFETY: the buffer stays valid until done() reports the request finished.
+        let r = unsafe {
+            if self.send {
+                self.lib.isend(self.comm, buf.cast(), len as i32, mh)
+            } else {
+                self.lib.irecv(self.comm, buf.cast(), len as i32, mh)
+            }
+        }
+        .expect("post");
+        r.map(|p| p.0 as usize)
+    }
+    fn done(&self, token: usize) -> bool {
+        self.lib
+            .test(Ptr(token as *mut c_void))
+            .expect("test")
+            .is_some()
+    }
+}
+
+// ----------------------------------------------------------------------------------------
+// Raw libfabric: tagged send/recv between two endpoints, completions polled directly.
+
+struct RawSide {
+    ep: Arc<Endpoint>,
+    peer: u64,
+    send: bool,
+    ops: Vec<Op>,
+    next: std::sync::atomic::AtomicU64,
+}
+
+impl RawSide {
+    fn new(ep: Arc<Endpoint>, peer: u64, send: bool) -> Self {
+        RawSide {
+            ep,
+            peer,
+            send,
+            ops: (0..IN_FLIGHT).map(|_| Op::default()).collect(),
+            next: 0.into(),
+        }
+    }
+    fn progress(&self) {
+        self.ep
+            .poll(
+                // SAFETY: contexts are this benchmark's Ops, alive until their completion.
+                |c| unsafe { Op::complete(&c) },
+                // SAFETY: as above.
+                |f| unsafe { Op::fail(f) },
+            )
+            .expect("fi_cq_read");
+    }
+}
+
+impl Side for RawSide {
+    fn post(&self, slot: usize, buf: *mut u8, len: usize) -> Option<usize> {
+        let op = &self.ops[slot];
+        let tag = self.next.load(std::sync::atomic::Ordering::Relaxed);
+        // SAFETY: the buffer and op stay valid until done() saw the completion.
+        let ok = op
+            .post(|ctx| unsafe {
+                if self.send {
+                    self.ep
+                        .tsend(buf.cast(), len, std::ptr::null_mut(), self.peer, tag, ctx)
+                } else {
+                    self.ep
+                        .trecv(buf.cast(), len, std::ptr::null_mut(), tag, ctx)
+                }
+            })
+            .expect("post");
+        if !ok {
+            self.progress();
+            return None;
+        }
+        self.next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        Some(slot)
+    }
+    fn done(&self, token: usize) -> bool {
+        self.progress();
+        match self.ops[token].status() {
+            Status::Done(_) => {
+                self.ops[token].reset();
+                true
+            }
+            Status::Failed => panic!("raw operation failed: {:?}", self.ops[token].failure()),
+            _ => false,
+        }
+    }
+}
+
+fn raw_endpoints(settings: &Settings) -> (Arc<Endpoint>, Arc<Endpoint>) {
+    let d = discover(settings).expect("discover");
+    let decision = decide(&d.candidates, settings);
+    let &first = decision.devices.first().expect("a device");
+    let info = d.info(first);
+    let fabric = Fabric::open(info).expect("fabric");
+    let domain = Domain::open(&fabric, info).expect("domain");
+    let a = Arc::new(Endpoint::open(&domain, false).expect("endpoint"));
+    let b = Arc::new(Endpoint::open(&domain, false).expect("endpoint"));
+    (a, b)
+}
+
+fn run_one(provider: &str) {
+    let settings = Settings::from_env().expect("settings");
+    println!(
+        "provider {provider}, libfabric {}, {IN_FLIGHT} in flight, one thread per side",
+        version_string(runtime_version())
+    );
+
+    // Raw libfabric: a sends to b on one pair of endpoints, b answers on another.
+    let (a, b) = raw_endpoints(&settings);
+    let (a2, b2) = raw_endpoints(&settings);
+    let b_addr = a.insert(&b.name).expect("av insert");
+    let a2_addr = b2.insert(&a2.name).expect("av insert");
+    let raw_send = RawSide::new(a.clone(), b_addr, true);
+    let raw_recv = RawSide::new(b.clone(), 0, false);
+    let raw_back_send = RawSide::new(b2.clone(), a2_addr, true);
+    let raw_back_recv = RawSide::new(a2.clone(), 0, false);
+
+    // The plugin through its table.
+    let lib = PluginLib::open(&PluginLib::default_path()).expect("load plugin");
+    lib.init(false).expect("init");
+    let until = Instant::now() + Duration::from_secs(60);
+    let (s1, r1) = lib.connect_pair(0, until).expect("connect");
+    let (s2, r2) = lib.connect_pair(0, until).expect("connect");
+    let side = |comm, send| PluginSide {
+        lib: &lib,
+        comm,
+        send,
+        mrs: parking_lot::Mutex::new(Vec::new()),
+    };
+    let (p_send, p_recv, p_back_send, p_back_recv) = (
+        side(s1, true),
+        side(r1, false),
+        side(s2, true),
+        side(r2, false),
+    );
+
+    // Warm-up: connections and registrations.
+    stream(&raw_send, &raw_recv, 64 << 10);
+    stream(&p_send, &p_recv, 64 << 10);
+
+    println!(
+        "{:>10} {:>12} {:>12} {:>8}",
+        "size", "raw GB/s", "plugin GB/s", "ratio"
+    );
+    let mut ratios = Vec::new();
+    for &len in SIZES {
+        let raw = stream(&raw_send, &raw_recv, len);
+        let plugin = stream(&p_send, &p_recv, len);
+        ratios.push(plugin / raw);
+        println!(
+            "{:>10} {:>12.3} {:>12.3} {:>8.2}",
+            len,
+            raw,
+            plugin,
+            plugin / raw
+        );
+    }
+    let raw_lat = ping_pong(&raw_send, &raw_back_recv, &raw_back_send, &raw_recv);
+    let plugin_lat = ping_pong(&p_send, &p_back_recv, &p_back_send, &p_recv);
+    println!(
+        "8 B half round trip: raw {raw_lat:.2} us, plugin {plugin_lat:.2} us, ratio {:.2}",
+        plugin_lat / raw_lat
+    );
+    let geo = ratios.iter().map(|r| r.ln()).sum::<f64>() / ratios.len() as f64;
+    println!(
+        "bandwidth ratio plugin/raw, geometric mean over sizes: {:.2}\n",
+        geo.exp()
+    );
+}
+
+fn main() {
+    let args: Vec<String> = std::env::args()
+        .skip(1)
+        .filter(|a| !a.starts_with("--"))
+        .collect();
+    if let Some(p) = args.first() {
+        return run_one(p);
+    }
+    let v = runtime_version();
+    let mut providers = vec!["tcp;ofi_rxm", "shm"];
+    if v >= (1 << 16 | 18) {
+        providers.push("tcp");
+    }
+    for p in providers {
+        let status = Command::new(std::env::current_exe().expect("bench binary"))
+            .arg(p)
+            .env("NCCL_FABRIC_PROVIDER", p)
+            .env(
+                "NCCL_FABRIC_DOMAINS",
+                std::env::var("NCCL_FABRIC_DOMAINS").unwrap_or_else(|_| "lo,shm".into()),
+            )
+            .env("NCCL_FABRIC_ALLOW_NATIVE_TCP", "yes")
+            .status()
+            .expect("run provider benchmark");
+        if !status.success() {
+            eprintln!("benchmark for {p} failed: {status}");
+        }
+    }
+}
