@@ -7,7 +7,8 @@
 #   libfabric    build libfabric 2.1 with --with-cuda --enable-cuda-dlopen (cached)
 #   doctor       the plugin's provider report on this machine (libfabric with CUDA)
 #   loading      NCCL_NET_PLUGIN=<path>, NCCL_NET_PLUGIN=fabric and LD_PRELOAD, INFO/TRACE lines
-#   allreduce    all_reduce_perf: Socket, tcp;ofi_rxm (both endpoint modes), shm, native tcp
+#   allreduce    all_reduce_perf: Socket, tcp;ofi_rxm, shm
+#   variants     all_reduce_perf with one endpoint per comm, native tcp (allowed, then refused)
 #   collectives  all_gather_perf, sendrecv_perf, alltoall_perf: Socket, tcp;ofi_rxm, shm
 #   mpi          all_reduce_perf as 2 processes (needs nccl-tests built with MPI=1)
 #   torch        torch.distributed all-reduce, 2 processes (torchrun), result checked
@@ -127,11 +128,17 @@ stage_allreduce() {
   table_header "all_reduce_perf, 2 GPUs in one process (-g 2), P2P and SHM off"
   run socket-all_reduce all_reduce_perf $(socket)
   run rxm-all_reduce all_reduce_perf $(fabric) NCCL_FABRIC_PROVIDER="tcp;ofi_rxm"
-  run rxm-comm-all_reduce all_reduce_perf $(fabric) NCCL_FABRIC_PROVIDER="tcp;ofi_rxm" NCCL_FABRIC_ENDPOINTS=comm
   run shm-all_reduce all_reduce_perf $(fabric) NCCL_FABRIC_PROVIDER=shm
+}
+
+stage_variants() {
+  plugin_env
+  table_header "all_reduce_perf variants: one endpoint per comm, native tcp"
+  run rxm-comm-all_reduce all_reduce_perf $(fabric) NCCL_FABRIC_PROVIDER="tcp;ofi_rxm" NCCL_FABRIC_ENDPOINTS=comm
+  run shm-comm-all_reduce all_reduce_perf $(fabric) NCCL_FABRIC_PROVIDER=shm NCCL_FABRIC_ENDPOINTS=comm
   run tcp-all_reduce all_reduce_perf $(fabric) NCCL_FABRIC_PROVIDER=tcp NCCL_FABRIC_ALLOW_NATIVE_TCP=yes
-  run tcp-refused all_reduce_perf $(fabric) FI_PROVIDER=tcp NCCL_FABRIC_PROVIDER=tcp
-  grep -h "NET/Fabric" "$OUT/logs/tcp-refused.log" | head -n 3 >"$OUT/logs/tcp-refused.excerpt"
+  run tcp-refused all_reduce_perf $(fabric) NCCL_FABRIC_PROVIDER=tcp
+  grep -h "NET/Fabric" "$OUT/logs/tcp-refused.log" | head -n 3 >"$OUT/tcp-refused.txt"
 }
 
 stage_collectives() {
