@@ -9,7 +9,9 @@
 # Environment:
 #   LIBFABRIC_PREFIX   where to install (default: <repo>/target/libfabric-2.1)
 #   LIBFABRIC_CONFIGURE_EXTRA  extra ./configure flags (e.g. --with-cuda=/usr/local/cuda --enable-cuda-dlopen)
-#   LIBFABRIC_TARBALL  use this libfabric_2.1.0.orig.tar.xz instead of downloading it
+#   LIBFABRIC_TARBALL  build from this tarball instead of downloading Debian's source: the
+#                      orig tarball, or a source tree already prepared with ./autogen.sh (for
+#                      machines without autotools)
 set -euo pipefail
 
 version=2.1.0
@@ -30,7 +32,9 @@ fi
 mkdir -p "$work"
 tarball=${LIBFABRIC_TARBALL:-$work/libfabric_$version.orig.tar.xz}
 
-if [ ! -f "$tarball" ] || ! echo "$sha256  $tarball" | sha256sum -c --quiet - 2>/dev/null; then
+if [ -n "${LIBFABRIC_TARBALL:-}" ]; then
+  [ -f "$tarball" ] || { log "LIBFABRIC_TARBALL=$tarball does not exist"; exit 1; }
+elif [ ! -f "$tarball" ] || ! echo "$sha256  $tarball" | sha256sum -c --quiet - 2>/dev/null; then
   # The Debian mirror named by this machine's apt sources (deb822 or one-line format).
   mirror=$(grep -rhoE '(URIs:|^deb)[[:space:]]+[^[:space:]]+/debian/?([[:space:]]|$)' \
              /etc/apt/sources.list /etc/apt/sources.list.d/ 2>/dev/null \
@@ -62,7 +66,9 @@ mkdir -p "$src"
 tar -xJf "$tarball" -C "$src" --strip-components=1
 cd "$src"
 log "autogen + configure + make (a minute or two)"
-./autogen.sh >"$work/autogen.log" 2>&1 || { tail -n 30 "$work/autogen.log" >&2; exit 1; }
+if [ ! -x configure ]; then
+  ./autogen.sh >"$work/autogen.log" 2>&1 || { tail -n 30 "$work/autogen.log" >&2; exit 1; }
+fi
 # shellcheck disable=SC2086
 ./configure --prefix="$prefix" --enable-only --enable-tcp --enable-rxm --enable-shm \
   --enable-udp --enable-rxd --enable-sm2 --disable-static ${LIBFABRIC_CONFIGURE_EXTRA:-} \

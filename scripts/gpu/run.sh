@@ -15,7 +15,8 @@
 #
 # Inputs (environment):
 #   PLUGIN_DIR        folder with libnccl_net_fabric.so and nccl-net-fabric (default .scratch/gpu-in/plugin)
-#   LIBFABRIC_TARBALL libfabric_2.1.0.orig.tar.xz (default .scratch/gpu-in/libfabric_2.1.0.orig.tar.xz)
+#   LIBFABRIC_TARBALL libfabric source: a tree prepared with ./autogen.sh (the GPU box has no
+#                     libtool) or the orig tarball (default: whichever is in .scratch/gpu-in)
 #   NCCL_TESTS_DIR    nccl-tests build folder with the *_perf binaries (default .scratch/gpu-in/nccl-tests/build)
 #   NCCL_TESTS_MPI_DIR the same built with MPI=1 (for the mpi stage; optional)
 #   OUT               where logs and summary.md go (default .scratch/gpu-out)
@@ -27,7 +28,7 @@ cd "$repo"
 
 in=$repo/.scratch/gpu-in
 PLUGIN_DIR=${PLUGIN_DIR:-$in/plugin}
-LIBFABRIC_TARBALL=${LIBFABRIC_TARBALL:-$in/libfabric_2.1.0.orig.tar.xz}
+LIBFABRIC_TARBALL=${LIBFABRIC_TARBALL:-$(ls "$in"/libfabric-2.1.0-autogen.tar.xz "$in"/libfabric_2.1.0.orig.tar.xz 2>/dev/null | head -n1)}
 NCCL_TESTS_DIR=${NCCL_TESTS_DIR:-$in/nccl-tests/build}
 OUT=${OUT:-$repo/.scratch/gpu-out}
 TIMEOUT=${TIMEOUT:-150}
