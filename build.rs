@@ -157,4 +157,9 @@ fn main() {
     }
     // NCCL finds an LD_PRELOADed plugin by its SONAME.
     println!("cargo:rustc-cdylib-link-arg=-Wl,-soname,libnccl-net.so");
+    // NCCL dlcloses a plugin whose init failed, and (2.28+) after its last communicator.
+    // Unmapping this library would unload libfabric under threads and handlers that providers
+    // left behind (seen: a segfault right after a failed init under NCCL 2.28 with a CUDA
+    // libfabric). Stay loaded; a later init finds the state of the first.
+    println!("cargo:rustc-cdylib-link-arg=-Wl,-z,nodelete");
 }

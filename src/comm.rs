@@ -73,9 +73,9 @@ impl SharedEndpoint {
                 peers: Mutex::new(HashMap::new()),
             }))
         };
-        match plugin.sharing() {
+        match plugin.sharing(device) {
             EndpointSharing::PerComm => open(),
-            EndpointSharing::PerDevice => {
+            EndpointSharing::PerDevice | EndpointSharing::Auto => {
                 let mut slots = device.shared_endpoints.lock();
                 let slot = &mut slots[role as usize];
                 if let Some(ep) = slot.upgrade() {

@@ -68,11 +68,12 @@ pub const TABLE: &[Setting] = &[
     },
     Setting {
         name: ENDPOINTS,
-        kind: Kind::Choice(&["device", "comm"]),
-        default: "device",
+        kind: Kind::Choice(&["auto", "device", "comm"]),
+        default: "auto",
         meaning: "`device`: per device, one endpoint for all receiving comms and one for all \
                   sending comms of the process, kept apart by tags; `comm`: one endpoint per comm \
-                  (slower to connect, e.g. with tcp;ofi_rxm)",
+                  (no sharing between NCCL's threads, but slower to connect with tcp;ofi_rxm); \
+                  `auto`: `comm` for shm and sm2, `device` otherwise",
     },
     Setting {
         name: CONNECT_TIMEOUT_MS,
@@ -119,6 +120,8 @@ pub enum HmemMode {
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum EndpointSharing {
+    /// Per provider: [`EndpointSharing::PerComm`] for local-only providers, else per device.
+    Auto,
     PerDevice,
     PerComm,
 }
@@ -213,7 +216,8 @@ impl Settings {
             exclude_domains: raw_list(EXCLUDE_DOMAINS)?,
             endpoints: match value(&lookup, ENDPOINTS)?.as_str() {
                 "comm" => EndpointSharing::PerComm,
-                _ => EndpointSharing::PerDevice,
+                "device" => EndpointSharing::PerDevice,
+                _ => EndpointSharing::Auto,
             },
             connect_timeout_ms: number(CONNECT_TIMEOUT_MS)?,
             close_timeout_ms: number(CLOSE_TIMEOUT_MS)?,

@@ -52,6 +52,60 @@ fn soname_is_what_ld_preload_needs() {
         .expect("readelf");
     let text = String::from_utf8_lossy(&out.stdout);
     assert!(text.contains("Library soname: [libnccl-net.so]"), "{text}");
+    assert!(
+        text.contains("NODELETE"),
+        "dlclose must not unload libfabric under NCCL: {text}"
+    );
+}
+
+/// Child: what NCCL does with a plugin whose init failed: dlclose it, then carry on.
+#[test]
+#[ignore = "child process of another test"]
+fn child_failed_init_then_dlclose() {
+    let path = std::ffi::CString::new(
+        nccl_net_fabric::host::PluginLib::default_path()
+            .to_string_lossy()
+            .as_bytes(),
+    )
+    .unwrap();
+    // SAFETY: plain dlopen/dlsym/dlclose of the plugin, as NCCL does.
+    unsafe {
+        let h = libc::dlopen(path.as_ptr(), libc::RTLD_NOW | libc::RTLD_LOCAL);
+        assert!(!h.is_null());
+        let table =
+            libc::dlsym(h, c"ncclNetPlugin_v8".as_ptr()).cast::<nccl_net_fabric::nccl::NetV8>();
+        assert!(!table.is_null());
+        let rc = ((*table).init)(None);
+        println!("RESULT init={rc}");
+        assert_eq!(libc::dlclose(h), 0);
+        std::thread::sleep(std::time::Duration::from_millis(200));
+        // Loaded again, init is tried again and fails the same way, without a crash.
+        let h = libc::dlopen(path.as_ptr(), libc::RTLD_NOW | libc::RTLD_LOCAL);
+        let table =
+            libc::dlsym(h, c"ncclNetPlugin_v8".as_ptr()).cast::<nccl_net_fabric::nccl::NetV8>();
+        println!("RESULT init_again={}", ((*table).init)(None));
+        assert_eq!(libc::dlclose(h), 0);
+    }
+    println!("RESULT ok=1");
+}
+
+#[test]
+fn failed_init_then_dlclose_does_not_crash() {
+    let mut env: Vec<(String, String)> = BASE_ENV
+        .iter()
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect();
+    env.push(("FI_PROVIDER".into(), "doesnotexist".into()));
+    let f = run_child_ok("child_failed_init_then_dlclose", &env, T);
+    assert_eq!(
+        f.result("init"),
+        Some((NcclResult::SystemError as i32).to_string())
+    );
+    assert_eq!(
+        f.result("init_again"),
+        Some((NcclResult::SystemError as i32).to_string())
+    );
+    assert_eq!(f.result("ok").as_deref(), Some("1"));
 }
 
 /// Child: init/devices/getProperties through the table; prints what it saw.

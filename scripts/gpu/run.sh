@@ -12,6 +12,7 @@
 #   collectives  all_gather_perf, sendrecv_perf, alltoall_perf: Socket, tcp;ofi_rxm, shm
 #   mpi          all_reduce_perf as 2 processes (needs nccl-tests built with MPI=1)
 #   torch        torch.distributed all-reduce, 2 processes (torchrun), result checked
+#   runs         the runs listed in $RUNS_FILE, one per line: NAME TEST socket|fabric [VAR=VALUE ...]
 #
 # Inputs (environment):
 #   PLUGIN_DIR        folder with libnccl_net_fabric.so and nccl-net-fabric (default .scratch/gpu-in/plugin)
@@ -22,6 +23,7 @@
 #   OUT               where logs and summary.md go (default .scratch/gpu-out)
 #   TIMEOUT           seconds allowed per benchmark (default 150): a run past it counts as a hang
 #   ITERS, WARMUP     nccl-tests -n / -w (default 10 / 3)
+#   MINBYTES, MAXBYTES nccl-tests -b / -e (default 1M / 1G)
 set -uo pipefail
 repo=$(cd "$(dirname "$0")/../.." && pwd)
 cd "$repo"
@@ -33,6 +35,8 @@ NCCL_TESTS_DIR=${NCCL_TESTS_DIR:-$in/nccl-tests/build}
 OUT=${OUT:-$repo/.scratch/gpu-out}
 TIMEOUT=${TIMEOUT:-150}
 ITERS=${ITERS:-10}
+MINBYTES=${MINBYTES:-1M}
+MAXBYTES=${MAXBYTES:-1G}
 WARMUP=${WARMUP:-3}
 work=$repo/.scratch/gpu-work
 lf=$work/libfabric-cuda
@@ -89,7 +93,7 @@ run() {
   log "run $name ($test)"
   local start=$SECONDS
   env NCCL_P2P_DISABLE=1 NCCL_SHM_DISABLE=1 NCCL_DEBUG=INFO NCCL_DEBUG_SUBSYS=INIT,NET "$@" \
-    timeout -k 10 "$TIMEOUT" "$NCCL_TESTS_DIR/$test" -b 1M -e 1G -f 4 -g 2 -n "$ITERS" -w "$WARMUP" \
+    timeout -k 10 "$TIMEOUT" "$NCCL_TESTS_DIR/$test" -b "$MINBYTES" -e "$MAXBYTES" -f 4 -g 2 -n "$ITERS" -w "$WARMUP" \
     >"$logf" 2>&1
   local rc=$?
   row "$name" "$test" "$logf" "$rc" $((SECONDS - start))
@@ -140,6 +144,17 @@ stage_variants() {
   run tcp-all_reduce all_reduce_perf $(fabric) NCCL_FABRIC_PROVIDER=tcp NCCL_FABRIC_ALLOW_NATIVE_TCP=yes
   run tcp-refused all_reduce_perf $(fabric) NCCL_FABRIC_PROVIDER=tcp
   grep -h "NET/Fabric" "$OUT/logs/tcp-refused.log" | head -n 3 >"$OUT/tcp-refused.txt"
+}
+
+stage_runs() {
+  plugin_env
+  table_header "runs from $(basename "${RUNS_FILE:?set RUNS_FILE}")"
+  local name test how rest
+  while read -r name test how rest; do
+    [ -n "$name" ] && [ "${name#\#}" = "$name" ] || continue
+    # shellcheck disable=SC2086
+    run "$name" "$test" $($how) $rest
+  done <"$RUNS_FILE"
 }
 
 stage_collectives() {

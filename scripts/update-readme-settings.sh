@@ -1,0 +1,16 @@
+#!/usr/bin/env bash
+# Rewrites the README's settings table from the code's settings table
+# (`nccl-net-fabric settings`); tests/loading.rs checks the two agree.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+cargo build --quiet --bin nccl-net-fabric
+table=$(target/debug/nccl-net-fabric settings)
+python3 - "$table" <<'PY'
+import sys
+table = sys.argv[1] + "\n"
+text = open("README.md").read()
+start = text.index("| variable | values | default | meaning |")
+end = text.find("\n\n", start)
+end = len(text) if end < 0 else end + 1
+open("README.md", "w").write(text[:start] + table + text[end:])
+PY
