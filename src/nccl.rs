@@ -164,3 +164,107 @@ pub struct NetV8 {
 // SAFETY: the table is immutable and only holds function pointers and a pointer to a
 // 'static C string; sharing it between threads is what NCCL does.
 unsafe impl Sync for NetV8 {}
+
+/// `ncclNetVDeviceProps_v11_t`.
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct VDevicePropsV11 {
+    pub ndevs: c_int,
+    pub devs: [c_int; 4],
+}
+
+/// `ncclNetProperties_v11_t` (112 bytes).
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct PropertiesV11 {
+    pub name: *mut c_char,
+    pub pci_path: *mut c_char,
+    pub guid: u64,
+    pub ptr_support: c_int,
+    pub reg_is_global: c_int,
+    pub force_flush: c_int,
+    pub speed: c_int,
+    pub port: c_int,
+    pub latency: f32,
+    pub max_comms: c_int,
+    pub max_recvs: c_int,
+    pub net_device_type: c_int,
+    pub net_device_version: c_int,
+    pub v_props: VDevicePropsV11,
+    pub max_p2p_bytes: usize,
+    pub max_coll_bytes: usize,
+    pub max_multi_request_size: c_int,
+}
+
+/// `ncclNet_v11_t` (176 bytes): the table NCCL 2.28+ looks up first, as `ncclNetPlugin_v11`.
+/// Pointers NCCL passes only through (comm config, profiler callback, net attributes) are
+/// `*mut c_void`.
+#[repr(C)]
+pub struct NetV11 {
+    pub name: *const c_char,
+    pub init: unsafe extern "C" fn(*mut *mut c_void, u64, *mut c_void, Logger, *mut c_void) -> R,
+    pub devices: unsafe extern "C" fn(*mut c_int) -> R,
+    pub get_properties: unsafe extern "C" fn(c_int, *mut PropertiesV11) -> R,
+    pub listen: unsafe extern "C" fn(*mut c_void, c_int, *mut c_void, *mut *mut c_void) -> R,
+    pub connect: unsafe extern "C" fn(
+        *mut c_void,
+        c_int,
+        *mut c_void,
+        *mut *mut c_void,
+        *mut *mut DeviceHandleV8,
+    ) -> R,
+    pub accept: unsafe extern "C" fn(*mut c_void, *mut *mut c_void, *mut *mut DeviceHandleV8) -> R,
+    pub reg_mr: unsafe extern "C" fn(*mut c_void, *mut c_void, usize, c_int, *mut *mut c_void) -> R,
+    pub reg_mr_dma_buf: Option<
+        unsafe extern "C" fn(
+            *mut c_void,
+            *mut c_void,
+            usize,
+            c_int,
+            u64,
+            c_int,
+            *mut *mut c_void,
+        ) -> R,
+    >,
+    pub dereg_mr: unsafe extern "C" fn(*mut c_void, *mut c_void) -> R,
+    pub isend: unsafe extern "C" fn(
+        *mut c_void,
+        *mut c_void,
+        usize,
+        c_int,
+        *mut c_void,
+        *mut c_void,
+        *mut *mut c_void,
+    ) -> R,
+    pub irecv: unsafe extern "C" fn(
+        *mut c_void,
+        c_int,
+        *mut *mut c_void,
+        *mut usize,
+        *mut c_int,
+        *mut *mut c_void,
+        *mut *mut c_void,
+        *mut *mut c_void,
+    ) -> R,
+    pub iflush: unsafe extern "C" fn(
+        *mut c_void,
+        c_int,
+        *mut *mut c_void,
+        *mut c_int,
+        *mut *mut c_void,
+        *mut *mut c_void,
+    ) -> R,
+    pub test: unsafe extern "C" fn(*mut c_void, *mut c_int, *mut c_int) -> R,
+    pub close_send: unsafe extern "C" fn(*mut c_void) -> R,
+    pub close_recv: unsafe extern "C" fn(*mut c_void) -> R,
+    pub close_listen: unsafe extern "C" fn(*mut c_void) -> R,
+    pub get_device_mr:
+        Option<unsafe extern "C" fn(*mut c_void, *mut c_void, *mut *mut c_void) -> R>,
+    pub irecv_consumed: Option<unsafe extern "C" fn(*mut c_void, c_int, *mut c_void) -> R>,
+    pub make_v_device: Option<unsafe extern "C" fn(*mut c_int, *mut VDevicePropsV11) -> R>,
+    pub finalize: unsafe extern "C" fn(*mut c_void) -> R,
+    pub set_net_attr: Option<unsafe extern "C" fn(*mut c_void, *mut c_void) -> R>,
+}
+
+// SAFETY: as for NetV8: immutable function pointers and a static name.
+unsafe impl Sync for NetV11 {}

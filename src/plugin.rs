@@ -13,6 +13,9 @@ use parking_lot::{Mutex, RwLock};
 use std::ffi::CString;
 use std::sync::{Arc, Weak};
 
+/// Largest message NCCL may hand a v11 `isend`/`irecv`: `test` reports sizes as `int`.
+pub const MAX_MESSAGE_BYTES: usize = i32::MAX as usize;
+
 /// Speed reported when neither the provider nor `NCCL_FABRIC_SPEED_MBPS` gives one.
 pub const DEFAULT_SPEED_MBPS: u64 = 100_000;
 /// Receives NCCL may group in one `irecv` (we match in posting order, one buffer each).
@@ -34,6 +37,33 @@ pub struct Properties {
 }
 
 impl Properties {
+    /// The v11 layout: the v8 fields plus those v9-v11 added.
+    pub fn to_v11(&self, dev: i32) -> nccl::PropertiesV11 {
+        let v8 = self.to_v8();
+        nccl::PropertiesV11 {
+            name: v8.name,
+            pci_path: v8.pci_path,
+            guid: v8.guid,
+            ptr_support: v8.ptr_support,
+            reg_is_global: v8.reg_is_global,
+            force_flush: 0,
+            speed: v8.speed,
+            port: v8.port,
+            latency: v8.latency,
+            max_comms: v8.max_comms,
+            max_recvs: v8.max_recvs,
+            net_device_type: v8.net_device_type,
+            net_device_version: v8.net_device_version,
+            v_props: nccl::VDevicePropsV11 {
+                ndevs: 1,
+                devs: [dev, 0, 0, 0],
+            },
+            max_p2p_bytes: MAX_MESSAGE_BYTES,
+            max_coll_bytes: MAX_MESSAGE_BYTES,
+            max_multi_request_size: 1,
+        }
+    }
+
     pub fn to_v8(&self) -> nccl::PropertiesV8 {
         nccl::PropertiesV8 {
             name: self.name.as_ptr().cast_mut(),

@@ -1,6 +1,6 @@
 //! Layout of every NCCL type the plugin defines, against NCCL's x86-64 ABI.
 
-use nccl_net_fabric::nccl::{DeviceHandleV8, NetV8, PropertiesV8};
+use nccl_net_fabric::nccl::{DeviceHandleV8, NetV11, NetV8, PropertiesV11, PropertiesV8};
 use std::mem::{offset_of, size_of};
 
 #[test]
@@ -76,4 +76,29 @@ fn result_codes_match_nccl() {
         assert_eq!(r as i32, v);
         assert_eq!(R::from_raw(v), Some(r));
     }
+}
+
+#[test]
+fn properties_v11_layout() {
+    assert_eq!(size_of::<PropertiesV11>(), 112);
+    assert_eq!(offset_of!(PropertiesV11, ptr_support), 24);
+    assert_eq!(offset_of!(PropertiesV11, force_flush), 32);
+    assert_eq!(offset_of!(PropertiesV11, speed), 36);
+    assert_eq!(offset_of!(PropertiesV11, latency), 44);
+    assert_eq!(offset_of!(PropertiesV11, max_recvs), 52);
+    assert_eq!(offset_of!(PropertiesV11, net_device_version), 60);
+    assert_eq!(offset_of!(PropertiesV11, v_props), 64);
+    assert_eq!(offset_of!(PropertiesV11, max_p2p_bytes), 88);
+    assert_eq!(offset_of!(PropertiesV11, max_coll_bytes), 96);
+    assert_eq!(offset_of!(PropertiesV11, max_multi_request_size), 104);
+}
+
+#[test]
+fn net_v11_table_layout() {
+    assert_eq!(size_of::<NetV11>(), 176);
+    assert_eq!(offset_of!(NetV11, isend), 10 * 8);
+    assert_eq!(offset_of!(NetV11, irecv_consumed), 18 * 8);
+    assert_eq!(offset_of!(NetV11, make_v_device), 19 * 8);
+    assert_eq!(offset_of!(NetV11, finalize), 20 * 8);
+    assert_eq!(offset_of!(NetV11, set_net_attr), 21 * 8);
 }

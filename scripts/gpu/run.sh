@@ -138,12 +138,12 @@ stage_allreduce() {
 
 stage_variants() {
   plugin_env
-  table_header "all_reduce_perf variants: one endpoint per comm, native tcp"
+  table_header "all_reduce_perf variants: endpoint sharing, native tcp"
   run rxm-comm-all_reduce all_reduce_perf $(fabric) NCCL_FABRIC_PROVIDER="tcp;ofi_rxm" NCCL_FABRIC_ENDPOINTS=comm
-  run shm-comm-all_reduce all_reduce_perf $(fabric) NCCL_FABRIC_PROVIDER=shm NCCL_FABRIC_ENDPOINTS=comm
+  run shm-device-all_reduce all_reduce_perf $(fabric) NCCL_FABRIC_PROVIDER=shm NCCL_FABRIC_ENDPOINTS=device
   run tcp-all_reduce all_reduce_perf $(fabric) NCCL_FABRIC_PROVIDER=tcp NCCL_FABRIC_ALLOW_NATIVE_TCP=yes
   run tcp-refused all_reduce_perf $(fabric) NCCL_FABRIC_PROVIDER=tcp
-  grep -h "NET/Fabric" "$OUT/logs/tcp-refused.log" | head -n 3 >"$OUT/tcp-refused.txt"
+  grep -h "NET/Fabric\|NET plugin" "$OUT/logs/tcp-refused.log" | cut -c1-400 | head -n 4 >"$OUT/tcp-refused.txt"
 }
 
 stage_runs() {

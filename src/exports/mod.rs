@@ -3,7 +3,9 @@
 //! Each entry point checks its pointers, converts types and calls the version-free code in
 //! `plugin`, `connection`, `comm` and `mr`, all inside [`boundary`], which turns an error
 //! into its `ncclResult_t` plus one WARN line, and a panic into `ncclInternalError`: nothing
-//! unwinds into NCCL.
+//! unwinds into NCCL. The v8 table lives here; [`v11`] adapts the same bodies to v11.
+
+pub mod v11;
 
 use crate::comm::{Comm, Direction, Request};
 use crate::connection::{self, ListenComm};
@@ -16,7 +18,7 @@ use std::panic::{catch_unwind, AssertUnwindSafe};
 
 /// Runs an entry point's body: errors become their `ncclResult_t` and a WARN line, panics
 /// become `ncclInternalError`.
-fn boundary(call: &'static str, body: impl FnOnce() -> Result<()>) -> c_int {
+pub(crate) fn boundary(call: &'static str, body: impl FnOnce() -> Result<()>) -> c_int {
     match catch_unwind(AssertUnwindSafe(body)) {
         Ok(Ok(())) => NcclResult::Success as c_int,
         Ok(Err(e)) => {
@@ -44,19 +46,21 @@ fn boundary(call: &'static str, body: impl FnOnce() -> Result<()>) -> c_int {
 ///
 /// # Safety
 /// `p` must be NULL or valid for writing a `T`.
-unsafe fn out<'a, T>(p: *mut T, what: &str) -> Result<&'a mut T> {
+pub(crate) unsafe fn out<'a, T>(p: *mut T, what: &str) -> Result<&'a mut T> {
     // SAFETY: per the caller, p is NULL or valid for writes.
     unsafe { p.as_mut() }.ok_or_else(|| Error::InvalidArgument(format!("{what} is NULL")))
 }
 
-unsafe extern "C" fn init(logger: Logger) -> c_int {
-    boundary("init", || {
-        crate::log::init_nccl(logger);
-        plugin::init().map(|_| ())
-    })
+pub(crate) fn init_body(logger: Logger) -> Result<()> {
+    crate::log::init_nccl(logger);
+    plugin::init().map(|_| ())
 }
 
-unsafe extern "C" fn devices(ndev: *mut c_int) -> c_int {
+unsafe extern "C" fn init(logger: Logger) -> c_int {
+    boundary("init", || init_body(logger))
+}
+
+pub(crate) unsafe extern "C" fn devices(ndev: *mut c_int) -> c_int {
     boundary("devices", || {
         let n = plugin::get()?.devices.len();
         // SAFETY: NCCL passes a pointer to an int.
@@ -77,12 +81,14 @@ unsafe extern "C" fn get_properties(dev: c_int, props: *mut PropertiesV8) -> c_i
 
 /// # Safety
 /// `handle` must be NULL or point to `NCCL_NET_HANDLE_MAXSIZE` writable (or readable) bytes.
-unsafe fn handle_bytes<'a>(handle: *mut c_void) -> Result<&'a mut [u8; nccl::NET_HANDLE_MAXSIZE]> {
+pub(crate) unsafe fn handle_bytes<'a>(
+    handle: *mut c_void,
+) -> Result<&'a mut [u8; nccl::NET_HANDLE_MAXSIZE]> {
     // SAFETY: per the caller; NCCL's handle buffers are NCCL_NET_HANDLE_MAXSIZE bytes.
     unsafe { out(handle.cast::<[u8; nccl::NET_HANDLE_MAXSIZE]>(), "handle") }
 }
 
-unsafe extern "C" fn listen(
+pub(crate) unsafe extern "C" fn listen(
     dev: c_int,
     handle: *mut c_void,
     listen_comm: *mut *mut c_void,
@@ -97,7 +103,7 @@ unsafe extern "C" fn listen(
     })
 }
 
-unsafe extern "C" fn connect(
+pub(crate) unsafe extern "C" fn connect(
     dev: c_int,
     handle: *mut c_void,
     send_comm: *mut *mut c_void,
@@ -114,7 +120,7 @@ unsafe extern "C" fn connect(
     })
 }
 
-unsafe extern "C" fn accept(
+pub(crate) unsafe extern "C" fn accept(
     listen_comm: *mut c_void,
     recv_comm: *mut *mut c_void,
     _recv_dev_comm: *mut *mut DeviceHandleV8,
@@ -135,7 +141,7 @@ unsafe extern "C" fn accept(
     })
 }
 
-unsafe extern "C" fn reg_mr(
+pub(crate) unsafe extern "C" fn reg_mr(
     comm: *mut c_void,
     data: *mut c_void,
     size: usize,
@@ -169,7 +175,7 @@ unsafe extern "C" fn reg_mr(
     })
 }
 
-unsafe extern "C" fn reg_mr_dma_buf(
+pub(crate) unsafe extern "C" fn reg_mr_dma_buf(
     _comm: *mut c_void,
     _data: *mut c_void,
     _size: usize,
@@ -188,7 +194,7 @@ unsafe extern "C" fn reg_mr_dma_buf(
     })
 }
 
-unsafe extern "C" fn dereg_mr(comm: *mut c_void, mhandle: *mut c_void) -> c_int {
+pub(crate) unsafe extern "C" fn dereg_mr(comm: *mut c_void, mhandle: *mut c_void) -> c_int {
     boundary("deregMr", || {
         // SAFETY: NCCL passes the comm and mhandle it got from us.
         unsafe { Comm::from_ptr(comm)? };
@@ -211,11 +217,45 @@ unsafe fn desc_of(mhandle: *mut c_void) -> Result<*mut c_void> {
     )
 }
 
-fn post(
+/// Sizes as NCCL passes them: `int` up to v8, `size_t` from v9 on.
+pub(crate) fn byte_count(size: impl TryInto<usize> + Copy + std::fmt::Display) -> Result<usize> {
+    match size.try_into() {
+        Ok(n) if n <= plugin::MAX_MESSAGE_BYTES => Ok(n),
+        _ => Err(Error::InvalidArgument(format!(
+            "message size {size} is negative or above {} bytes",
+            plugin::MAX_MESSAGE_BYTES
+        ))),
+    }
+}
+
+/// isend/irecv of every version: checks the comm's direction and posts one buffer.
+///
+/// # Safety
+/// `send_or_recv_comm` and `mhandle` as NCCL passes them; `request` an out-pointer; `data`
+/// valid for `len` bytes until the request completes.
+pub(crate) unsafe fn post_one(
+    call: Direction,
+    comm: *mut c_void,
+    data: *mut c_void,
+    len: usize,
+    mhandle: *mut c_void,
+    request: *mut *mut c_void,
+) -> Result<()> {
+    // SAFETY: per the caller.
+    let (comm, slot) = unsafe { (Comm::from_ptr(comm)?, out(request, "request")?) };
+    // NCCL may pre-set a receive request as a hint (v9+); we always write ours.
+    *slot = std::ptr::null_mut();
+    // SAFETY: per the caller.
+    unsafe { post(comm, call, data, len, mhandle, slot) }
+}
+
+/// # Safety
+/// As [`post_one`].
+unsafe fn post(
     comm: &Comm,
     want: Direction,
     data: *mut c_void,
-    size: c_int,
+    len: usize,
     mhandle: *mut c_void,
     request: &mut *mut c_void,
 ) -> Result<()> {
@@ -225,11 +265,9 @@ fn post(
             want, comm.dir
         )));
     }
-    let len = usize::try_from(size)
-        .map_err(|_| Error::InvalidArgument(format!("negative size {size}")))?;
     // SAFETY: NCCL passes the mhandle regMr gave it, or NULL.
     let desc = unsafe { desc_of(mhandle)? };
-    // SAFETY: NCCL keeps `data` valid for `size` bytes until test() reports the request done.
+    // SAFETY: the caller keeps `data` valid for `len` bytes until the request is done.
     *request = unsafe { comm.post(data, len, desc)? }.map_or(std::ptr::null_mut(), |r| r.cast());
     Ok(())
 }
@@ -243,10 +281,17 @@ unsafe extern "C" fn isend(
     request: *mut *mut c_void,
 ) -> c_int {
     boundary("isend", || {
-        // SAFETY: NCCL passes a sendComm we returned and an out-pointer.
-        let (comm, slot) = unsafe { (Comm::from_ptr(send_comm)?, out(request, "request")?) };
-        *slot = std::ptr::null_mut();
-        post(comm, Direction::Send, data, size, mhandle, slot)
+        // SAFETY: NCCL passes a sendComm we returned, its buffer and an out-pointer.
+        unsafe {
+            post_one(
+                Direction::Send,
+                send_comm,
+                data,
+                byte_count(size)?,
+                mhandle,
+                request,
+            )
+        }
     })
 }
 
@@ -260,27 +305,47 @@ unsafe extern "C" fn irecv(
     request: *mut *mut c_void,
 ) -> c_int {
     boundary("irecv", || {
-        // SAFETY: NCCL passes a recvComm we returned and an out-pointer.
-        let (comm, slot) = unsafe { (Comm::from_ptr(recv_comm)?, out(request, "request")?) };
-        *slot = std::ptr::null_mut();
-        if n != 1 {
-            return Err(Error::InvalidArgument(format!(
-                "irecv of {n} buffers; this plugin reports maxRecvs 1"
-            )));
-        }
-        // SAFETY: with n == 1 NCCL passes one-element arrays; mhandles may be NULL.
-        let (buf, size, mh) = unsafe {
-            (
-                *out(data, "data")?,
-                *out(sizes, "sizes")?,
-                mhandles.as_ref().copied().unwrap_or(std::ptr::null_mut()),
+        // SAFETY: NCCL passes one-element arrays for n == 1 (checked first).
+        unsafe {
+            let (buf, size, mh) = one_buffer(n, data, sizes, mhandles)?;
+            post_one(
+                Direction::Recv,
+                recv_comm,
+                buf,
+                byte_count(size)?,
+                mh,
+                request,
             )
-        };
-        post(comm, Direction::Recv, buf, size, mh, slot)
+        }
     })
 }
 
-unsafe extern "C" fn iflush(
+/// The one buffer of a grouped receive (`maxRecvs` is 1).
+///
+/// # Safety
+/// For n == 1, `data` and `sizes` point to one element each; `mhandles` likewise or NULL.
+pub(crate) unsafe fn one_buffer<S: Copy>(
+    n: c_int,
+    data: *mut *mut c_void,
+    sizes: *mut S,
+    mhandles: *mut *mut c_void,
+) -> Result<(*mut c_void, S, *mut c_void)> {
+    if n != 1 {
+        return Err(Error::InvalidArgument(format!(
+            "irecv of {n} buffers; this plugin reports maxRecvs 1"
+        )));
+    }
+    // SAFETY: per the caller.
+    unsafe {
+        Ok((
+            *out(data, "data")?,
+            *out(sizes, "sizes")?,
+            mhandles.as_ref().copied().unwrap_or(std::ptr::null_mut()),
+        ))
+    }
+}
+
+pub(crate) unsafe extern "C" fn iflush(
     recv_comm: *mut c_void,
     _n: c_int,
     _data: *mut *mut c_void,
@@ -297,7 +362,11 @@ unsafe extern "C" fn iflush(
     })
 }
 
-unsafe extern "C" fn test(request: *mut c_void, done: *mut c_int, sizes: *mut c_int) -> c_int {
+pub(crate) unsafe extern "C" fn test(
+    request: *mut c_void,
+    done: *mut c_int,
+    sizes: *mut c_int,
+) -> c_int {
     boundary("test", || {
         // SAFETY: NCCL passes a request we returned and an out-pointer for `done`.
         let (req, done) = unsafe { (Request::from_ptr(request)?, out(done, "done")?) };
@@ -329,17 +398,17 @@ unsafe fn close_comm(comm: *mut c_void, want: Direction) -> Result<()> {
     Ok(())
 }
 
-unsafe extern "C" fn close_send(comm: *mut c_void) -> c_int {
+pub(crate) unsafe extern "C" fn close_send(comm: *mut c_void) -> c_int {
     // SAFETY: NCCL passes a sendComm we returned, once.
     boundary("closeSend", || unsafe { close_comm(comm, Direction::Send) })
 }
 
-unsafe extern "C" fn close_recv(comm: *mut c_void) -> c_int {
+pub(crate) unsafe extern "C" fn close_recv(comm: *mut c_void) -> c_int {
     // SAFETY: NCCL passes a recvComm we returned, once.
     boundary("closeRecv", || unsafe { close_comm(comm, Direction::Recv) })
 }
 
-unsafe extern "C" fn close_listen(listen_comm: *mut c_void) -> c_int {
+pub(crate) unsafe extern "C" fn close_listen(listen_comm: *mut c_void) -> c_int {
     boundary("closeListen", || {
         // SAFETY: NCCL passes a listenComm we returned, once.
         unsafe { ListenComm::from_ptr(listen_comm)? };
@@ -349,7 +418,7 @@ unsafe extern "C" fn close_listen(listen_comm: *mut c_void) -> c_int {
     })
 }
 
-unsafe extern "C" fn get_device_mr(
+pub(crate) unsafe extern "C" fn get_device_mr(
     _comm: *mut c_void,
     _mhandle: *mut c_void,
     dptr: *mut *mut c_void,
@@ -363,7 +432,7 @@ unsafe extern "C" fn get_device_mr(
     })
 }
 
-unsafe extern "C" fn irecv_consumed(
+pub(crate) unsafe extern "C" fn irecv_consumed(
     _recv_comm: *mut c_void,
     _n: c_int,
     _request: *mut c_void,
