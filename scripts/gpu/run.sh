@@ -139,7 +139,6 @@ stage_allreduce() {
 stage_variants() {
   plugin_env
   table_header "all_reduce_perf variants: endpoint sharing, native tcp"
-  run rxm-comm-all_reduce all_reduce_perf $(fabric) NCCL_FABRIC_PROVIDER="tcp;ofi_rxm" NCCL_FABRIC_ENDPOINTS=comm
   run shm-device-all_reduce all_reduce_perf $(fabric) NCCL_FABRIC_PROVIDER=shm NCCL_FABRIC_ENDPOINTS=device
   run tcp-all_reduce all_reduce_perf $(fabric) NCCL_FABRIC_PROVIDER=tcp NCCL_FABRIC_ALLOW_NATIVE_TCP=yes
   run tcp-refused all_reduce_perf $(fabric) NCCL_FABRIC_PROVIDER=tcp
