@@ -61,11 +61,14 @@ impl Discovery {
     }
 }
 
+/// (pass, provider, domain): entries with the same key get the same probe answer.
+type ProbeKey = (Pass, String, String);
+
 pub fn discover(settings: &Settings) -> Result<Discovery> {
     let version = runtime_version();
     let mut candidates = Vec::new();
     let mut lists = Vec::new();
-    let mut probed: Vec<((Pass, String, String), Result<i32, String>)> = Vec::new();
+    let mut probed: Vec<(ProbeKey, Result<i32, String>)> = Vec::new();
     for pass in [Pass::Hmem, Pass::Host] {
         let list = InfoList::get(version, &hints(pass, settings))?;
         for info in list.iter() {
