@@ -50,6 +50,11 @@ pub struct SharedEndpoint {
     pub me: Identity,
     next_id: AtomicU64,
     peers: Mutex<HashMap<Vec<u8>, sys::fi_addr_t>>,
+    /// A progress thread reads this endpoint's completions (`NCCL_FABRIC_PROGRESS_THREAD`);
+    /// NCCL's calls then only look at their ops.
+    driven: AtomicBool,
+    /// Set by the progress thread when the completion queue itself failed.
+    broken: Mutex<Option<String>>,
 }
 
 impl SharedEndpoint {
@@ -64,14 +69,20 @@ impl SharedEndpoint {
                 crate::provider::errno_name(ep.cuda_api_answer)
             );
             let tags = Tags::new(device.domain.info.info().mem_tag_format());
-            Ok(Arc::new(SharedEndpoint {
+            let ep = Arc::new(SharedEndpoint {
                 ep,
                 tags,
                 nonce: random_u64(),
                 me: Identity::current(),
                 next_id: AtomicU64::new(1),
                 peers: Mutex::new(HashMap::new()),
-            }))
+                driven: AtomicBool::new(false),
+                broken: Mutex::new(None),
+            });
+            if plugin.settings.progress_thread {
+                ep.spawn_progress_thread();
+            }
+            Ok(ep)
         };
         match plugin.sharing(device) {
             EndpointSharing::PerComm => open(),
@@ -104,9 +115,59 @@ impl SharedEndpoint {
         self.next_id.fetch_add(1, Ordering::Relaxed) & self.tags.id_mask()
     }
 
-    /// Reads completions and records them in their ops. Errors of the queue itself are
-    /// returned; a failed operation is recorded in its op.
-    pub fn progress(&self) -> Result<()> {
+    /// Progress on behalf of an NCCL call: reads completions, unless a progress thread does.
+    pub fn drive(&self) -> Result<()> {
+        if self.driven.load(Ordering::Relaxed) {
+            return match &*self.broken.lock() {
+                Some(e) => Err(Error::Remote(format!(
+                    "the endpoint's completion queue failed: {e}"
+                ))),
+                None => Ok(()),
+            };
+        }
+        self.progress().map(|_| ())
+    }
+
+    /// Starts a thread that reads this endpoint's completions until the endpoint is gone:
+    /// it spins while completions come, then yields, then naps 20 µs at a time when idle.
+    fn spawn_progress_thread(self: &Arc<Self>) {
+        let weak = Arc::downgrade(self);
+        let started = std::thread::Builder::new()
+            .name("nfab-progress".into())
+            .spawn(move || {
+                let mut idle = 0u32;
+                loop {
+                    let Some(ep) = weak.upgrade() else { return };
+                    let read = ep.progress();
+                    drop(ep);
+                    match read {
+                        Ok(0) => idle = idle.saturating_add(1),
+                        Ok(_) => idle = 0,
+                        Err(e) => {
+                            if let Some(ep) = weak.upgrade() {
+                                *ep.broken.lock() = Some(e.to_string());
+                            }
+                            tracing::warn!("progress thread stopped: {e}");
+                            return;
+                        }
+                    }
+                    match idle {
+                        0..=4_000 => std::hint::spin_loop(),
+                        4_001..=40_000 => std::thread::yield_now(),
+                        _ => std::thread::sleep(Duration::from_micros(20)),
+                    }
+                }
+            });
+        match started {
+            Ok(_) => self.driven.store(true, Ordering::Relaxed),
+            Err(e) => tracing::warn!("no progress thread ({e}); NCCL's calls drive progress"),
+        }
+    }
+
+    /// Reads completions and records them in their ops; returns how many it read. Errors of
+    /// the queue itself are returned; a failed operation is recorded in its op.
+    pub fn progress(&self) -> Result<usize> {
+        let mut total = 0;
         for _ in 0..PROGRESS_ROUNDS {
             let n = self.ep.poll(
                 // SAFETY: every operation on our endpoints is posted with an `Op` context that
@@ -115,11 +176,12 @@ impl SharedEndpoint {
                 // SAFETY: as above.
                 |f| unsafe { Op::fail(f) },
             )?;
+            total += n;
             if n < crate::endpoint::CQ_BATCH {
                 break;
             }
         }
-        Ok(())
+        Ok(total)
     }
 
     /// Cancels the in-flight ops among `ops` and drives progress until none is in flight or
@@ -299,7 +361,7 @@ impl Comm {
             return Err(self.dead_peer_error());
         }
         // Progress first: manual-progress providers move data only when we call in.
-        self.ep.progress()?;
+        self.ep.drive()?;
         let Some(req) = self.claim() else {
             return Ok(None);
         };
@@ -411,7 +473,7 @@ impl Request {
     pub fn test(&self) -> Result<Option<usize>> {
         let comm = self.comm();
         if self.op.status() == Status::Posted {
-            comm.ep.progress()?;
+            comm.ep.drive()?;
         }
         match self.op.status() {
             Status::Idle | Status::Posted => {

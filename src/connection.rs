@@ -156,7 +156,7 @@ impl ListenComm {
     /// `accept`: `Ok(Some(comm))` once the peer's CONNECT arrived and our ACK went out.
     pub fn accept(&self) -> Result<Option<Box<Comm>>> {
         let mut state = self.state.lock();
-        self.ep.progress()?;
+        self.ep.drive()?;
         loop {
             match &*state {
                 AcceptState::NeedPost => {
@@ -337,7 +337,7 @@ pub fn connect(
 }
 
 fn advance(c: &mut Connecting, plugin: &Plugin) -> Result<Option<Box<Comm>>> {
-    c.ep.progress()?;
+    c.ep.drive()?;
     let gone = |c: &Connecting| {
         if Instant::now() > c.deadline {
             return Some(Error::Remote(format!(

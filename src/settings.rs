@@ -35,6 +35,7 @@ pub const CLOSE_TIMEOUT_MS: &str = "NCCL_FABRIC_CLOSE_TIMEOUT_MS";
 pub const SPEED_MBPS: &str = "NCCL_FABRIC_SPEED_MBPS";
 pub const ALLOW_TCP_RDM: &str = "NCCL_FABRIC_ALLOW_NATIVE_TCP";
 pub const LOG: &str = "NCCL_FABRIC_LOG";
+pub const PROGRESS_THREAD: &str = "NCCL_FABRIC_PROGRESS_THREAD";
 
 pub const TABLE: &[Setting] = &[
     Setting {
@@ -102,6 +103,13 @@ pub const TABLE: &[Setting] = &[
                   under NCCL (ofiwg/libfabric#8963); `tcp;ofi_rxm` is used otherwise",
     },
     Setting {
+        name: PROGRESS_THREAD,
+        kind: Kind::Choice(&["no", "yes"]),
+        default: "no",
+        meaning: "`yes`: a thread per endpoint reads completions continuously (one busy core per \
+                  endpoint while traffic flows); `no`: NCCL's own calls drive progress",
+    },
+    Setting {
         name: LOG,
         kind: Kind::Choice(&["off", "warn", "info", "debug", "trace"]),
         default: "warn",
@@ -138,6 +146,7 @@ pub struct Settings {
     pub close_timeout_ms: u64,
     pub speed_mbps: u64,
     pub allow_native_tcp: bool,
+    pub progress_thread: bool,
 }
 
 impl Default for Settings {
@@ -223,6 +232,7 @@ impl Settings {
             close_timeout_ms: number(CLOSE_TIMEOUT_MS)?,
             speed_mbps: number(SPEED_MBPS)?,
             allow_native_tcp: value(&lookup, ALLOW_TCP_RDM)? == "yes",
+            progress_thread: value(&lookup, PROGRESS_THREAD)? == "yes",
         })
         .and_then(|s| {
             // Checked here too so a bad NCCL_FABRIC_LOG fails init like any other setting.
