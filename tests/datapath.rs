@@ -240,6 +240,14 @@ fn two_ranks_on_threads() {
 }
 
 #[test]
+fn two_ranks_on_threads_with_progress_threads() {
+    for_each_provider(
+        "child_two_ranks_threads",
+        &[("NCCL_FABRIC_PROGRESS_THREAD", "yes")],
+    );
+}
+
+#[test]
 fn two_ranks_on_threads_with_an_endpoint_per_comm() {
     for_each_provider(
         "child_two_ranks_threads",
