@@ -251,34 +251,12 @@ impl PluginLib {
         handle: &mut [u8; NET_HANDLE_MAXSIZE],
         deadline: Instant,
     ) -> CallResult<Ptr> {
-        loop {
-            if let Some(c) = self.connect(dev, handle)? {
-                return Ok(c);
-            }
-            if Instant::now() > deadline {
-                return Err(CallError {
-                    call: "connect",
-                    code: -1,
-                });
-            }
-            std::thread::yield_now();
-        }
+        until("connect", deadline, || self.connect(dev, handle))
     }
 
     /// Calls `accept` until it returns a comm or the deadline passes.
     pub fn accept_until(&self, listen: Ptr, deadline: Instant) -> CallResult<Ptr> {
-        loop {
-            if let Some(c) = self.accept(listen)? {
-                return Ok(c);
-            }
-            if Instant::now() > deadline {
-                return Err(CallError {
-                    call: "accept",
-                    code: -1,
-                });
-            }
-            std::thread::yield_now();
-        }
+        until("accept", deadline, || self.accept(listen))
     }
 
     /// listen + connect + accept + closeListen inside one thread: (sendComm, recvComm).
@@ -386,17 +364,7 @@ impl PluginLib {
 
     /// Tests until done or the deadline passes.
     pub fn wait(&self, req: Ptr, deadline: Instant) -> CallResult<i32> {
-        loop {
-            if let Some(n) = self.test(req)? {
-                return Ok(n);
-            }
-            if Instant::now() > deadline {
-                return Err(CallError {
-                    call: "test",
-                    code: -1,
-                });
-            }
-        }
+        until("test", deadline, || self.test(req))
     }
 
     /// Posts (retrying "call again" answers) until the plugin takes the request.
@@ -411,18 +379,10 @@ impl PluginLib {
         mh: Ptr,
         deadline: Instant,
     ) -> CallResult<Ptr> {
-        loop {
+        until("isend", deadline, || {
             // SAFETY: per the caller.
-            if let Some(r) = unsafe { self.isend(comm, data, size, mh)? } {
-                return Ok(r);
-            }
-            if Instant::now() > deadline {
-                return Err(CallError {
-                    call: "isend",
-                    code: -1,
-                });
-            }
-        }
+            unsafe { self.isend(comm, data, size, mh) }
+        })
     }
 
     /// # Safety
@@ -435,18 +395,10 @@ impl PluginLib {
         mh: Ptr,
         deadline: Instant,
     ) -> CallResult<Ptr> {
-        loop {
+        until("irecv", deadline, || {
             // SAFETY: per the caller.
-            if let Some(r) = unsafe { self.irecv(comm, data, size, mh)? } {
-                return Ok(r);
-            }
-            if Instant::now() > deadline {
-                return Err(CallError {
-                    call: "irecv",
-                    code: -1,
-                });
-            }
-        }
+            unsafe { self.irecv(comm, data, size, mh) }
+        })
     }
 
     pub fn close_send(&self, comm: Ptr) -> CallResult<()> {
@@ -464,6 +416,24 @@ impl PluginLib {
         check("closeListen", unsafe {
             (self.table.close_listen)(listen.0)
         })
+    }
+}
+
+/// Repeats a call that may answer "not yet" (`Ok(None)`) until it gives a value, fails, or
+/// the deadline passes (then a [`CallError`] with code -1), yielding between tries.
+fn until<T>(
+    call: &'static str,
+    deadline: Instant,
+    mut f: impl FnMut() -> CallResult<Option<T>>,
+) -> CallResult<T> {
+    loop {
+        if let Some(v) = f()? {
+            return Ok(v);
+        }
+        if Instant::now() > deadline {
+            return Err(CallError { call, code: -1 });
+        }
+        std::thread::yield_now();
     }
 }
 

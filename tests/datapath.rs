@@ -510,27 +510,17 @@ fn child_bad_handles() {
     };
     let mut buf = [0u8; NET_HANDLE_MAXSIZE];
     fake.write(&mut buf).expect("encode");
-    let until = deadline(20);
-    let err = loop {
-        match lib.connect(0, &mut buf) {
-            Err(e) => break e.code,
-            Ok(Some(_)) => panic!("connected to a fake address"),
-            Ok(None) => assert!(Instant::now() < until, "bad address did not fail in time"),
-        }
-    };
-    println!("RESULT bad_address={err}");
+    println!(
+        "RESULT bad_address={}",
+        connect_must_fail(&lib, &mut buf, "a fake address")
+    );
     // Stale: the listen comm is closed before anyone connects.
     lib.close_listen(listen).expect("closeListen");
     let mut stale = good;
-    let until = deadline(20);
-    let err = loop {
-        match lib.connect(0, &mut stale) {
-            Err(e) => break e.code,
-            Ok(Some(_)) => panic!("connected through a stale handle"),
-            Ok(None) => assert!(Instant::now() < until, "stale handle did not fail in time"),
-        }
-    };
-    assert_eq!(err, NcclResult::RemoteError as i32);
+    assert_eq!(
+        connect_must_fail(&lib, &mut stale, "a stale handle"),
+        NcclResult::RemoteError as i32
+    );
     // NULL and foreign pointers are refused, not dereferenced as ours.
     assert!(lib.accept(Ptr(std::ptr::null_mut())).is_err());
     let mut not_a_comm = [0u64; 64];
@@ -547,6 +537,19 @@ fn child_bad_handles() {
         NcclResult::InvalidArgument as i32
     );
     println!("RESULT ok=1");
+}
+
+/// Calls connect until it fails (returning the code); connecting, or no answer within 20 s,
+/// fails the test.
+fn connect_must_fail(lib: &PluginLib, handle: &mut [u8; NET_HANDLE_MAXSIZE], what: &str) -> i32 {
+    let until = deadline(20);
+    loop {
+        match lib.connect(0, handle) {
+            Err(e) => return e.code,
+            Ok(Some(_)) => panic!("connected through {what}"),
+            Ok(None) => assert!(Instant::now() < until, "{what} did not fail in time"),
+        }
+    }
 }
 
 #[test]

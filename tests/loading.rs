@@ -96,11 +96,7 @@ fn child_failed_init_then_dlclose() {
 
 #[test]
 fn failed_init_then_dlclose_does_not_crash() {
-    let mut env: Vec<(String, String)> = BASE_ENV
-        .iter()
-        .map(|(k, v)| (k.to_string(), v.to_string()))
-        .collect();
-    env.push(("FI_PROVIDER".into(), "doesnotexist".into()));
+    let env = env_with(&[("FI_PROVIDER", "doesnotexist")]);
     let f = run_child_ok("child_failed_init_then_dlclose", &env, T);
     assert_eq!(
         f.result("init"),
@@ -154,12 +150,7 @@ fn child_report() {
 }
 
 fn report(env: &[(&str, &str)]) -> Finished {
-    let mut e: Vec<(String, String)> = BASE_ENV
-        .iter()
-        .map(|(k, v)| (k.to_string(), v.to_string()))
-        .collect();
-    e.extend(env.iter().map(|(k, v)| (k.to_string(), v.to_string())));
-    run_child_ok("child_report", &e, T)
+    run_child_ok("child_report", &env_with(env), T)
 }
 
 #[test]
@@ -450,10 +441,5 @@ fn v11_table_works_and_survives_a_failed_init() {
 }
 
 fn report_child(name: &str, env: &[(&str, &str)]) -> Finished {
-    let mut e: Vec<(String, String)> = BASE_ENV
-        .iter()
-        .map(|(k, v)| (k.to_string(), v.to_string()))
-        .collect();
-    e.extend(env.iter().map(|(k, v)| (k.to_string(), v.to_string())));
-    run_child_ok(name, &e, T)
+    run_child_ok(name, &env_with(env), T)
 }

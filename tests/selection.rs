@@ -20,15 +20,6 @@ fn shm_answer() -> i32 {
     }
 }
 
-fn env(pairs: &[(&str, &str)]) -> Vec<(String, String)> {
-    let mut e: Vec<(String, String)> = BASE_ENV
-        .iter()
-        .map(|(k, v)| (k.to_string(), v.to_string()))
-        .collect();
-    e.extend(pairs.iter().map(|(k, v)| (k.to_string(), v.to_string())));
-    e
-}
-
 #[test]
 #[ignore = "child process of another test"]
 fn child_init() {
@@ -49,7 +40,7 @@ fn child_init() {
 fn shm_offers_hmem_but_settles_on_host_buffers() {
     let f = run_child_ok(
         "child_init",
-        &env(&[("FI_PROVIDER", "shm"), ("NCCL_DEBUG", "INFO")]),
+        &env_with(&[("FI_PROVIDER", "shm"), ("NCCL_DEBUG", "INFO")]),
         T,
     );
     assert_eq!(f.result("init").as_deref(), Some("0"), "{}", f.stderr);
@@ -89,7 +80,7 @@ fn shm_offers_hmem_but_settles_on_host_buffers() {
 fn require_fails_with_the_reason() {
     let f = run_child_ok(
         "child_init",
-        &env(&[("FI_PROVIDER", "shm"), ("NCCL_FABRIC_HMEM", "require")]),
+        &env_with(&[("FI_PROVIDER", "shm"), ("NCCL_FABRIC_HMEM", "require")]),
         T,
     );
     assert_eq!(
@@ -114,7 +105,7 @@ fn off_and_force_settle_on_host_without_a_qualifying_provider() {
     for mode in ["off", "force"] {
         let f = run_child_ok(
             "child_init",
-            &env(&[
+            &env_with(&[
                 ("FI_PROVIDER", "shm"),
                 ("NCCL_FABRIC_HMEM", mode),
                 ("NCCL_DEBUG", "INFO"),
@@ -142,7 +133,7 @@ fn off_and_force_settle_on_host_without_a_qualifying_provider() {
 fn tcp_finds_no_hmem_and_falls_back_to_host() {
     let f = run_child_ok(
         "child_init",
-        &env(&[("FI_PROVIDER", "tcp"), ("NCCL_DEBUG", "TRACE")]),
+        &env_with(&[("FI_PROVIDER", "tcp"), ("NCCL_DEBUG", "TRACE")]),
         T,
     );
     assert_eq!(f.result("init").as_deref(), Some("0"), "{}", f.stderr);
@@ -175,7 +166,7 @@ fn tcp_finds_no_hmem_and_falls_back_to_host() {
 fn provider_setting_picks_and_orders() {
     let f = run_child_ok(
         "child_init",
-        &env(&[
+        &env_with(&[
             ("NCCL_FABRIC_PROVIDER", "shm,tcp;ofi_rxm"),
             ("NCCL_DEBUG", "INFO"),
         ]),
@@ -188,7 +179,7 @@ fn provider_setting_picks_and_orders() {
     );
     let f = run_child_ok(
         "child_init",
-        &env(&[
+        &env_with(&[
             ("NCCL_FABRIC_PROVIDER", "tcp;ofi_rxm,shm"),
             ("NCCL_DEBUG", "INFO"),
         ]),
@@ -202,7 +193,7 @@ fn provider_setting_picks_and_orders() {
     );
     let f = run_child_ok(
         "child_init",
-        &env(&[
+        &env_with(&[
             ("NCCL_FABRIC_EXCLUDE_DOMAINS", "lo"),
             ("NCCL_FABRIC_DOMAINS", "lo"),
             ("FI_PROVIDER", "tcp"),
@@ -226,7 +217,7 @@ fn doctor(args: &[&str], pairs: &[(&str, &str)]) -> (bool, String, String) {
     let out = Command::new(env!("CARGO_BIN_EXE_nccl-net-fabric"))
         .arg("doctor")
         .args(args)
-        .envs(env(pairs))
+        .envs(env_with(pairs))
         .output()
         .expect("run doctor");
     (

@@ -17,6 +17,15 @@ pub const BASE_ENV: &[(&str, &str)] = &[
     ("NCCL_FABRIC_LOG", "warn"),
 ];
 
+/// [`BASE_ENV`] plus `pairs` (later entries win), as owned strings for a child.
+pub fn env_with(pairs: &[(&str, &str)]) -> Vec<(String, String)> {
+    BASE_ENV
+        .iter()
+        .chain(pairs)
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect()
+}
+
 pub fn plugin() -> PluginLib {
     PluginLib::open(&PluginLib::default_path()).expect("load the plugin .so")
 }
@@ -39,11 +48,7 @@ pub fn data_providers() -> Vec<&'static str> {
 
 /// Environment that makes the plugin pick `provider`.
 pub fn provider_env(provider: &str) -> Vec<(String, String)> {
-    let mut env: Vec<(String, String)> = BASE_ENV
-        .iter()
-        .map(|(k, v)| (k.to_string(), v.to_string()))
-        .collect();
-    env.push(("NCCL_FABRIC_PROVIDER".into(), provider.into()));
+    let mut env = env_with(&[("NCCL_FABRIC_PROVIDER", provider)]);
     if provider == "tcp" {
         env.push(("NCCL_FABRIC_ALLOW_NATIVE_TCP".into(), "yes".into()));
     }
