@@ -621,6 +621,79 @@ fn receive_smaller_than_send_is_an_error() {
 }
 
 // ---------------------------------------------------------------------------------------
+// Close with requests still in flight.
+
+#[test]
+#[ignore = "child process of another test"]
+fn child_close_in_flight() {
+    let lib = init();
+    let until = deadline(60);
+    for _ in 0..3 {
+        // Pair a: receives posted that no send will ever match. Pair b: sends posted that no
+        // receive will take (1 MiB: past every eager limit, so they cannot complete).
+        let (a_send, a_recv) = lib.connect_pair(0, until).expect("connect_pair");
+        let (b_send, b_recv) = lib.connect_pair(0, until).expect("connect_pair");
+        // The provider may still hold these buffers after close (the plugin then keeps the
+        // requests' memory): they must outlive the process.
+        let bufs: &'static mut [Vec<u8>] = Vec::leak((0..16).map(|_| vec![0u8; 1 << 20]).collect());
+        for (i, b) in bufs.iter_mut().enumerate() {
+            let (comm, p) = (if i < 8 { a_recv } else { b_send }, b.as_mut_ptr().cast());
+            // SAFETY: the buffers are leaked, so valid for as long as anyone may touch them.
+            unsafe {
+                if i < 8 {
+                    lib.irecv_until(comm, p, 1 << 20, Ptr(std::ptr::null_mut()), until)
+                        .expect("irecv");
+                } else {
+                    lib.isend_until(comm, p, 1 << 20, Ptr(std::ptr::null_mut()), until)
+                        .expect("isend");
+                }
+            }
+        }
+        let started = Instant::now();
+        for (close, comm) in [(0, a_recv), (1, b_send), (0, b_recv), (1, a_send)] {
+            if close == 0 {
+                lib.close_recv(comm)
+                    .expect("closeRecv with receives in flight");
+            } else {
+                lib.close_send(comm)
+                    .expect("closeSend with sends in flight");
+            }
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(10),
+            "closing took {:?}",
+            started.elapsed()
+        );
+    }
+    // The plugin still carries data afterwards.
+    let (send, recv) = lib
+        .connect_pair(0, until)
+        .expect("connect_pair after closes");
+    std::thread::scope(|s| {
+        s.spawn(|| recv_all(&lib, recv, 65_536, 0, 8, until));
+        send_all(&lib, send, 65_536, 8, until);
+    });
+    lib.close_send(send).expect("closeSend");
+    lib.close_recv(recv).expect("closeRecv");
+    println!("RESULT ok=1");
+}
+
+#[test]
+fn close_with_requests_in_flight() {
+    for_each_provider(
+        "child_close_in_flight",
+        &[("NCCL_FABRIC_CLOSE_TIMEOUT_MS", "300")],
+    );
+    for_each_provider(
+        "child_close_in_flight",
+        &[
+            ("NCCL_FABRIC_CLOSE_TIMEOUT_MS", "300"),
+            ("NCCL_FABRIC_ENDPOINTS", "comm"),
+        ],
+    );
+}
+
+// ---------------------------------------------------------------------------------------
 // A peer killed mid-transfer.
 
 #[test]

@@ -465,3 +465,19 @@ pub static ncclNetPlugin_v8: NetV8 = NetV8 {
     get_device_mr: Some(get_device_mr),
     irecv_consumed: Some(irecv_consumed),
 };
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn boundary_maps_errors_and_catches_panics() {
+        assert_eq!(boundary("t", || Ok(())), 0);
+        let invalid = boundary("t", || Err(Error::InvalidArgument("bad".into())));
+        assert_eq!(invalid, NcclResult::InvalidArgument as c_int);
+        let remote = boundary("t", || Err(Error::Remote("gone".into())));
+        assert_eq!(remote, NcclResult::RemoteError as c_int);
+        let panicked = boundary("t", || panic!("a bug"));
+        assert_eq!(panicked, NcclResult::InternalError as c_int);
+    }
+}
