@@ -104,6 +104,7 @@ pub fn run(args: &[String]) -> ExitCode {
             "{:<4} {:<14} {:<16} {:<6} {:<6} {:<8} {:<24} verdict",
             "dev", "provider", "domain", "pass", "FI_HMEM", "mr_mode", "setopt(CUDA_API=false)"
         );
+        let mut rows: Vec<(String, usize)> = Vec::new();
         for (i, (c, v)) in discovery
             .candidates
             .iter()
@@ -120,7 +121,7 @@ pub fn run(args: &[String]) -> ExitCode {
                 .iter()
                 .position(|&d| d == i)
                 .map_or("-".into(), |d| d.to_string());
-            println!(
+            let row = format!(
                 "{:<4} {:<14} {:<16} {:<6} {:<7} {:<8} {:<24} {}",
                 dev,
                 c.provider,
@@ -131,6 +132,18 @@ pub fn run(args: &[String]) -> ExitCode {
                 setopt,
                 v.reason
             );
+            // fi_getinfo lists a domain once per address format (IPv4, IPv6, …): show such
+            // repeats once, counted.
+            match rows.iter_mut().find(|(r, _)| *r == row) {
+                Some((_, n)) => *n += 1,
+                None => rows.push((row, 1)),
+            }
+        }
+        for (row, n) in rows {
+            match n {
+                1 => println!("{row}"),
+                n => println!("{row} (x{n}: one per address format)"),
+            }
         }
         println!();
         match &failure {
