@@ -230,8 +230,8 @@ fn raw_endpoints(settings: &Settings) -> (Arc<Endpoint>, Arc<Endpoint>) {
     let info = d.info(first);
     let fabric = Fabric::open(info).expect("fabric");
     let domain = Domain::open(&fabric, info).expect("domain");
-    let a = Arc::new(Endpoint::open(&domain, false).expect("endpoint"));
-    let b = Arc::new(Endpoint::open(&domain, false).expect("endpoint"));
+    let a = Arc::new(Endpoint::open(&domain, None).expect("endpoint"));
+    let b = Arc::new(Endpoint::open(&domain, None).expect("endpoint"));
     (a, b)
 }
 

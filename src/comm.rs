@@ -62,7 +62,9 @@ impl SharedEndpoint {
     /// one (`NCCL_FABRIC_ENDPOINTS=comm`).
     pub fn for_device(plugin: &Plugin, device: &Device, role: Role) -> Result<Arc<Self>> {
         let open = || -> Result<Arc<Self>> {
-            let ep = Endpoint::open(&device.domain, plugin.gpu)?;
+            // With GPU buffers allowed, every endpoint must answer as the probe did.
+            let probe_answer = device.candidate.setopt.clone().and_then(Result::ok);
+            let ep = Endpoint::open(&device.domain, probe_answer.filter(|_| plugin.gpu))?;
             tracing::debug!(
                 "endpoint opened on {} (setopt FI_OPT_CUDA_API_PERMITTED=false answered {})",
                 device.candidate.domain,

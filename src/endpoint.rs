@@ -59,10 +59,10 @@ unsafe impl Sync for Endpoint {}
 impl Endpoint {
     /// Opens, binds and enables an endpoint, setting `FI_OPT_CUDA_API_PERMITTED=false` first.
     ///
-    /// `must_accept_setopt`: fail (`Err`) when the provider rejects the option — real
-    /// endpoints of a provider whose answer allowed GPU buffers. The probe endpoint passes
-    /// `false` and only records the answer.
-    pub fn open(domain: &Arc<Domain>, must_accept_setopt: bool) -> Result<Self> {
+    /// `expected_answer`: fail (`Err`) unless the provider answers exactly this — real
+    /// endpoints of a provider whose probe answer allowed GPU buffers must not answer
+    /// differently later. The probe endpoint passes `None` and only records the answer.
+    pub fn open(domain: &Arc<Domain>, expected_answer: Option<SetoptAnswer>) -> Result<Self> {
         let info = domain.info.info();
         let mut me = Endpoint {
             ep: ptr::null_mut(),
@@ -116,11 +116,11 @@ impl Endpoint {
                     (&raw const permitted).cast(),
                     std::mem::size_of::<bool>(),
                 );
-                if must_accept_setopt && answer != 0 {
-                    return Err(Error::fabric(
-                        "fi_setopt(FI_OPT_CUDA_API_PERMITTED=false)",
-                        answer,
-                    ));
+                if let Some(expected) = expected_answer.filter(|&e| e != answer) {
+                    return Err(Error::Internal(format!(
+                        "fi_setopt(FI_OPT_CUDA_API_PERMITTED=false) answered {answer} on this \
+                         endpoint but {expected} on the probe endpoint that allowed GPU buffers"
+                    )));
                 }
                 check("fi_enable", sys::fi_enable(ep))?;
                 Ok(answer)

@@ -175,6 +175,14 @@ pub fn init() -> Result<Arc<Plugin>> {
     }
     let plugin = Arc::new(open_devices(settings, &discovery, &decision)?);
     tracing::info!("{}", plugin.summary);
+    if decision.hmem_reason.contains("NCCL_FABRIC_HMEM=force") {
+        tracing::warn!(
+            "NCCL_FABRIC_HMEM=force: {} does not say whether its FI_HMEM path calls the CUDA API; \
+             NCCL will hand it GPU buffers on your word that it does not (unset the variable if \
+             NCCL hangs or fails in CUDA calls)",
+            decision.provider
+        );
+    }
     *state = Some(plugin.clone());
     Ok(plugin)
 }

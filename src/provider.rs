@@ -341,8 +341,13 @@ fn hmem_reason(
     }
     if gpu {
         let ans = chosen.setopt.clone().and_then(Result::ok).unwrap_or(0);
+        let forced = if CudaApiAnswer::classify(ans) == CudaApiAnswer::Unknown {
+            " (accepted by NCCL_FABRIC_HMEM=force: the promise of no CUDA calls is the user's)"
+        } else {
+            ""
+        };
         return format!(
-            "GPU buffers: yes: {} offers FI_HMEM and setopt(FI_OPT_CUDA_API_PERMITTED=false) = {}: {}",
+            "GPU buffers: yes: {} offers FI_HMEM and setopt(FI_OPT_CUDA_API_PERMITTED=false) = {}: {}{forced}",
             chosen.provider,
             errno_name(ans),
             CudaApiAnswer::classify(ans).describe()

@@ -239,6 +239,21 @@ fn two_ranks_on_threads() {
     for_each_provider("child_two_ranks_threads", &[]);
 }
 
+/// `NCCL_FABRIC_HMEM=force` on shm advertises GPU buffers where libfabric does not know the
+/// option (1.17); host buffers must still move, on endpoints that answer as the probe did.
+#[test]
+fn two_ranks_on_threads_with_hmem_forced_on_shm() {
+    let mut env = provider_env("shm");
+    env.push(("NCCL_FABRIC_HMEM".into(), "force".into()));
+    let f = run_child("child_two_ranks_threads", &env, CHILD_TIMEOUT);
+    assert!(
+        f.success && f.result("ok").is_some(),
+        "--- stdout\n{}\n--- stderr\n{}",
+        f.stdout,
+        f.stderr
+    );
+}
+
 #[test]
 fn two_ranks_on_threads_with_progress_threads() {
     for_each_provider(

@@ -101,7 +101,7 @@ fn require_fails_with_the_reason() {
 }
 
 #[test]
-fn off_and_force_settle_on_host_without_a_qualifying_provider() {
+fn off_and_force_modes() {
     for mode in ["off", "force"] {
         let f = run_child_ok(
             "child_init",
@@ -126,6 +126,12 @@ fn off_and_force_settle_on_host_without_a_qualifying_provider() {
             "{mode}: {}",
             f.stderr
         );
+        // Forcing GPU buffers on a provider that does not know the option warns that the
+        // promise is the user's (1.17, where shm answers -92).
+        let warned = f
+            .stderr
+            .contains("NCCL WARN NET/Fabric : NCCL_FABRIC_HMEM=force");
+        assert_eq!(warned, expect_gpu, "{mode}: {}", f.stderr);
     }
 }
 
