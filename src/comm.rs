@@ -227,6 +227,24 @@ pub fn random_u64() -> u64 {
     u64::from_ne_bytes(buf)
 }
 
+/// Time limits a comm works with, from the settings.
+#[derive(Debug, Clone, Copy)]
+pub struct Limits {
+    /// How long close waits for requests in flight (`NCCL_FABRIC_CLOSE_TIMEOUT_MS`).
+    pub close: Duration,
+    /// After how long an unfinished request is reported (`NCCL_FABRIC_STALL_WARN_MS`; 0 = never).
+    pub stall_warn: Option<Duration>,
+}
+
+impl Limits {
+    pub fn from_settings(s: &crate::settings::Settings) -> Self {
+        Limits {
+            close: Duration::from_millis(s.close_timeout_ms),
+            stall_warn: (s.stall_warn_ms > 0).then(|| Duration::from_millis(s.stall_warn_ms)),
+        }
+    }
+}
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Direction {
     Send,
@@ -246,6 +264,9 @@ pub struct Request {
     in_use: AtomicBool,
     /// Bytes posted (send size or receive buffer size).
     posted: AtomicUsize,
+    /// When it was posted, and whether it was reported as stalled since.
+    posted_at: Mutex<Instant>,
+    stall_reported: AtomicBool,
 }
 
 /// The other end of a comm.
@@ -268,7 +289,7 @@ pub struct Comm {
     requests: Box<[Request]>,
     last_liveness_check: Mutex<Instant>,
     peer_dead: AtomicBool,
-    close_timeout: Duration,
+    limits: Limits,
 }
 
 // SAFETY: the raw `comm` back-pointers in `requests` point into this same heap object, which
@@ -283,7 +304,7 @@ impl Comm {
         ep: Arc<SharedEndpoint>,
         data_id: u64,
         peer: Peer,
-        close_timeout: Duration,
+        limits: Limits,
     ) -> Box<Self> {
         let requests = (0..REQUESTS_PER_COMM)
             .map(|_| Request {
@@ -292,6 +313,8 @@ impl Comm {
                 comm: std::ptr::null(),
                 in_use: AtomicBool::new(false),
                 posted: AtomicUsize::new(0),
+                posted_at: Mutex::new(Instant::now()),
+                stall_reported: AtomicBool::new(false),
             })
             .collect();
         let mut comm = Box::new(Comm {
@@ -304,7 +327,7 @@ impl Comm {
             requests,
             last_liveness_check: Mutex::new(Instant::now()),
             peer_dead: AtomicBool::new(false),
-            close_timeout,
+            limits,
         });
         let me: *const Comm = &*comm;
         for r in comm.requests.iter_mut() {
@@ -373,6 +396,8 @@ impl Comm {
         let mut seq = self.post.lock();
         let tag = self.ep.tags.data(self.data_id, *seq);
         req.posted.store(len, Ordering::Relaxed);
+        *req.posted_at.lock() = Instant::now();
+        req.stall_reported.store(false, Ordering::Relaxed);
         // SAFETY: the caller keeps `buf` valid until test() reports the request done; the
         // request's Op lives in this comm, which close() only frees once the provider has let
         // go of it.
@@ -433,7 +458,7 @@ impl Comm {
     /// rather than freed under the provider's feet.
     pub fn close(self: Box<Self>) {
         let ops = self.requests.iter().map(|r| &r.op);
-        let drained = self.ep.retire(ops, self.close_timeout);
+        let drained = self.ep.retire(ops, self.limits.close);
         if drained || Arc::strong_count(&self.ep) == 1 {
             // Either nothing is in flight, or we hold the last reference to the endpoint and
             // closing it stops the provider from touching our buffers.
@@ -444,7 +469,7 @@ impl Comm {
                  kept to stay safe (raise NCCL_FABRIC_CLOSE_TIMEOUT_MS if this repeats)",
                 self.dir,
                 self.peer_text(),
-                self.close_timeout.as_millis()
+                self.limits.close.as_millis()
             );
             Box::leak(self);
         }
@@ -468,6 +493,31 @@ impl Request {
         Ok(r)
     }
 
+    /// One WARN for a request unfinished past `NCCL_FABRIC_STALL_WARN_MS`: a peer that is
+    /// slow or gone, or a provider that stopped making progress.
+    fn report_stall(&self, comm: &Comm) {
+        let Some(limit) = comm.limits.stall_warn else {
+            return;
+        };
+        let waited = self.posted_at.lock().elapsed();
+        if waited < limit || self.stall_reported.swap(true, Ordering::Relaxed) {
+            return;
+        }
+        let op = if comm.dir == Direction::Send {
+            "send"
+        } else {
+            "receive"
+        };
+        tracing::warn!(
+            "a {op} of {} bytes {} has not finished after {} ms: the peer is slow or stopped, or \
+             the provider {} is not making progress (known for native tcp, ofiwg/libfabric#8963)",
+            self.posted.load(Ordering::Relaxed),
+            comm.peer_text(),
+            waited.as_millis(),
+            comm.ep.ep.domain.info.info().provider()
+        );
+    }
+
     fn comm(&self) -> &Comm {
         // SAFETY: set at comm creation to the comm that owns this request, which lives at
         // least as long as the request is in use.
@@ -482,6 +532,7 @@ impl Request {
         }
         match self.op.status() {
             Status::Idle | Status::Posted => {
+                self.report_stall(comm);
                 if comm.peer_dead.load(Ordering::Relaxed) || !comm.check_peer() {
                     // SAFETY: the context is this request's own posted Op.
                     unsafe { comm.ep.ep.cancel(self.op.context()) };

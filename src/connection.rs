@@ -4,7 +4,7 @@
 //! A connect in progress is kept by the plugin, keyed by the handle's (nonce, listen id), so
 //! nothing it needs lives only in NCCL's handle buffer.
 
-use crate::comm::{Comm, Direction, Peer, Role, SharedEndpoint};
+use crate::comm::{Comm, Direction, Limits, Peer, Role, SharedEndpoint};
 use crate::error::{Error, Result};
 use crate::handshake::{Ack, Connect, Handle, MSG_SIZE};
 use crate::nccl::NET_HANDLE_MAXSIZE;
@@ -99,7 +99,7 @@ pub struct ListenComm {
     ack: Message,
     state: Mutex<AcceptState>,
     timeout: Duration,
-    close_timeout: Duration,
+    limits: Limits,
 }
 
 /// `listen`: publish a handle and post the receive for the peer's CONNECT.
@@ -126,7 +126,7 @@ pub fn listen(
         ack: Message::new(),
         state: Mutex::new(AcceptState::NeedPost),
         timeout: Duration::from_millis(plugin.settings.connect_timeout_ms),
-        close_timeout: Duration::from_millis(plugin.settings.close_timeout_ms),
+        limits: Limits::from_settings(&plugin.settings),
     });
     let posted = listen
         .connect
@@ -226,7 +226,7 @@ impl ListenComm {
                         self.ep.clone(),
                         self.id,
                         peer.clone(),
-                        self.close_timeout,
+                        self.limits,
                     );
                     *state = AcceptState::Done;
                     tracing::debug!("accepted: {}", comm.peer_text());
@@ -244,7 +244,7 @@ impl ListenComm {
     /// `closeListen`.
     pub fn close(self: Box<Self>) {
         let ops = [&self.connect.op, &self.ack.op];
-        if self.ep.retire(ops.into_iter(), self.close_timeout) || Arc::strong_count(&self.ep) == 1 {
+        if self.ep.retire(ops.into_iter(), self.limits.close) || Arc::strong_count(&self.ep) == 1 {
             drop(self);
         } else {
             tracing::warn!("closing a listen comm: its control messages are still in flight; keeping their memory");
@@ -394,13 +394,12 @@ fn advance(c: &mut Connecting, plugin: &Plugin) -> Result<Option<Box<Comm>>> {
                     addr: c.listener,
                     who: ack.receiver,
                 };
-                let close_timeout = Duration::from_millis(plugin.settings.close_timeout_ms);
                 let comm = Comm::new(
                     Direction::Send,
                     c.ep.clone(),
                     c.handle.listen_id,
                     peer,
-                    close_timeout,
+                    Limits::from_settings(&plugin.settings),
                 );
                 tracing::debug!("connected: {}", comm.peer_text());
                 return Ok(Some(comm));

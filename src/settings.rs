@@ -32,6 +32,7 @@ pub const EXCLUDE_DOMAINS: &str = "NCCL_FABRIC_EXCLUDE_DOMAINS";
 pub const ENDPOINTS: &str = "NCCL_FABRIC_ENDPOINTS";
 pub const CONNECT_TIMEOUT_MS: &str = "NCCL_FABRIC_CONNECT_TIMEOUT_MS";
 pub const CLOSE_TIMEOUT_MS: &str = "NCCL_FABRIC_CLOSE_TIMEOUT_MS";
+pub const STALL_WARN_MS: &str = "NCCL_FABRIC_STALL_WARN_MS";
 pub const SPEED_MBPS: &str = "NCCL_FABRIC_SPEED_MBPS";
 pub const ALLOW_TCP_RDM: &str = "NCCL_FABRIC_ALLOW_NATIVE_TCP";
 pub const LOG: &str = "NCCL_FABRIC_LOG";
@@ -87,6 +88,13 @@ pub const TABLE: &[Setting] = &[
         kind: Kind::Number { min: 0, max: 600_000 },
         default: "2000",
         meaning: "how long a close waits for requests still in flight to finish or cancel",
+    },
+    Setting {
+        name: STALL_WARN_MS,
+        kind: Kind::Number { min: 0, max: 86_400_000 },
+        default: "60000",
+        meaning: "a request unfinished this long gets one WARN naming its peer and provider (a \
+                  stalled provider or a stopped peer); 0 = never",
     },
     Setting {
         name: SPEED_MBPS,
@@ -145,6 +153,7 @@ pub struct Settings {
     pub endpoints: EndpointSharing,
     pub connect_timeout_ms: u64,
     pub close_timeout_ms: u64,
+    pub stall_warn_ms: u64,
     pub speed_mbps: u64,
     pub allow_native_tcp: bool,
     pub progress_thread: bool,
@@ -231,6 +240,7 @@ impl Settings {
             },
             connect_timeout_ms: number(CONNECT_TIMEOUT_MS)?,
             close_timeout_ms: number(CLOSE_TIMEOUT_MS)?,
+            stall_warn_ms: number(STALL_WARN_MS)?,
             speed_mbps: number(SPEED_MBPS)?,
             allow_native_tcp: value(&lookup, ALLOW_TCP_RDM)? == "yes",
             progress_thread: match value(&lookup, PROGRESS_THREAD)?.as_str() {

@@ -708,6 +708,50 @@ fn close_with_requests_in_flight() {
     );
 }
 
+#[test]
+#[ignore = "child process of another test"]
+fn child_stall_warning() {
+    let lib = init();
+    let until = deadline(30);
+    let (send, recv) = lib.connect_pair(0, until).expect("connect_pair");
+    let buf: &'static mut [u8] = Vec::leak(vec![0u8; 4096]);
+    // SAFETY: the buffer is leaked, so valid for as long as the provider may hold it.
+    let r = unsafe {
+        lib.irecv_until(
+            recv,
+            buf.as_mut_ptr().cast(),
+            4096,
+            Ptr(std::ptr::null_mut()),
+            until,
+        )
+    }
+    .expect("irecv");
+    let stop = Instant::now() + Duration::from_millis(700);
+    while Instant::now() < stop {
+        assert_eq!(lib.test(r).expect("test"), None, "nothing was sent");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    lib.close_recv(recv).expect("closeRecv");
+    lib.close_send(send).expect("closeSend");
+    println!("RESULT ok=1");
+}
+
+#[test]
+fn a_stalled_request_is_reported_once() {
+    for p in data_providers() {
+        let mut env = provider_env(p);
+        env.push(("NCCL_FABRIC_STALL_WARN_MS".into(), "200".into()));
+        let f = run_child_ok("child_stall_warning", &env, CHILD_TIMEOUT);
+        let warns = f.stderr.matches("has not finished after").count();
+        assert_eq!(warns, 1, "over {p}: {}", f.stderr);
+        assert!(
+            f.stderr.contains("a receive of 4096 bytes from pid"),
+            "over {p}: {}",
+            f.stderr
+        );
+    }
+}
+
 // ---------------------------------------------------------------------------------------
 // A peer killed mid-transfer.
 
