@@ -454,14 +454,13 @@ impl Comm {
     }
 
     /// Closes the comm: cancels what is in flight and frees everything once the provider has
-    /// let go of it. If it does not within the close timeout, the comm's memory is leaked
-    /// rather than freed under the provider's feet.
+    /// let go of it. If it does not within the close timeout, the comm is leaked, and with it
+    /// its endpoint: neither its memory nor the endpoint is closed under the provider's feet.
+    /// (Closing an endpoint with sends still in flight is not safe either: libfabric 2.1's
+    /// shm then crashes in `smr_discard` when the receiving endpoint closes later.)
     pub fn close(self: Box<Self>) {
         let ops = self.requests.iter().map(|r| &r.op);
-        let drained = self.ep.retire(ops, self.limits.close);
-        if drained || Arc::strong_count(&self.ep) == 1 {
-            // Either nothing is in flight, or we hold the last reference to the endpoint and
-            // closing it stops the provider from touching our buffers.
+        if self.ep.retire(ops, self.limits.close) {
             drop(self);
         } else {
             tracing::warn!(

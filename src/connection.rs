@@ -244,7 +244,7 @@ impl ListenComm {
     /// `closeListen`.
     pub fn close(self: Box<Self>) {
         let ops = [&self.connect.op, &self.ack.op];
-        if self.ep.retire(ops.into_iter(), self.limits.close) || Arc::strong_count(&self.ep) == 1 {
+        if self.ep.retire(ops.into_iter(), self.limits.close) {
             drop(self);
         } else {
             tracing::warn!("closing a listen comm: its control messages are still in flight; keeping their memory");
@@ -326,9 +326,8 @@ pub fn connect(
             let c = map.remove(&key).expect("present");
             drop(map);
             let timeout = Duration::from_millis(plugin.settings.close_timeout_ms);
-            if !c.ep.retire([&c.connect.op, &c.ack.op].into_iter(), timeout)
-                && Arc::strong_count(&c.ep) > 1
-            {
+            if !c.ep.retire([&c.connect.op, &c.ack.op].into_iter(), timeout) {
+                // Still in the provider's hands: keep the memory and the endpoint.
                 Box::leak(c);
             }
             Err(e)
