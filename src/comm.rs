@@ -5,7 +5,8 @@
 //! service thread, and with several GPUs per process several ranks do so at once. A comm's
 //! posting order is guarded by its `post` lock; request slots are claimed with atomics;
 //! completions are recorded through atomics in [`Op`], so any thread may read the shared
-//! completion queue. libfabric objects are opened `FI_THREAD_SAFE`.
+//! completion queue — NCCL's own calls, or a progress thread per endpoint where
+//! `NCCL_FABRIC_PROGRESS_THREAD` asks for one. libfabric objects are opened `FI_THREAD_SAFE`.
 
 use crate::endpoint::Endpoint;
 use crate::error::{Error, Result};

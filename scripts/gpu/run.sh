@@ -16,7 +16,7 @@
 #
 # Inputs (environment):
 #   PLUGIN_DIR        folder with libnccl_net_fabric.so and nccl-net-fabric (default .scratch/gpu-in/plugin)
-#   LIBFABRIC_TARBALL libfabric source: a tree prepared with ./autogen.sh (the GPU box has no
+#   LIBFABRIC_TARBALL libfabric source: a tree prepared with ./autogen.sh (GPU machines may have no
 #                     libtool) or the orig tarball (default: whichever is in .scratch/gpu-in)
 #   NCCL_TESTS_DIR    nccl-tests build folder with the *_perf binaries (default .scratch/gpu-in/nccl-tests/build)
 #   NCCL_TESTS_MPI_DIR the same built with MPI=1 (for the mpi stage; optional)
@@ -242,7 +242,7 @@ stage_torch() {
 
 [ $# -gt 0 ] || { sed -n '2,30p' "$0"; exit 2; }
 {
-  echo "# nccl-net-fabric on the GPU box, $(date -u +%Y-%m-%dT%H:%MZ)"
+  echo "# nccl-net-fabric on a GPU machine, $(date -u +%Y-%m-%dT%H:%MZ)"
   echo
   echo "NCCL $(python3 -c 'import torch; print(".".join(map(str, torch.cuda.nccl.version())))' 2>/dev/null), torch $(python3 -c 'import torch; print(torch.__version__)' 2>/dev/null), libfabric 2.1.0 (built here with CUDA), $(nvidia-smi -L | wc -l) GPUs; nccl-tests -b 1M -e 1G -f 4 -n $ITERS -w $WARMUP"
 } >>"$summary"
