@@ -14,7 +14,7 @@
 #   torch        torch.distributed all-reduce, 2 processes (torchrun), result checked
 #   runs         the runs listed in $RUNS_FILE, one per line: NAME TEST socket|fabric [VAR=VALUE ...]
 #
-# Inputs (environment):
+# scripts/gpu/prepare.sh makes the inputs on the Debian build machine. Inputs (environment):
 #   PLUGIN_DIR        folder with libnccl_net_fabric.so and nccl-net-fabric (default .scratch/gpu-in/plugin)
 #   LIBFABRIC_TARBALL libfabric source: a tree prepared with ./autogen.sh (GPU machines may have no
 #                     libtool) or the orig tarball (default: whichever is in .scratch/gpu-in)
