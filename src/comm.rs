@@ -20,7 +20,7 @@ use parking_lot::Mutex;
 use std::collections::HashMap;
 use std::ffi::c_void;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant};
 
 /// Outstanding requests per comm (NCCL keeps at most 8 in flight; its limit is 32).
@@ -65,7 +65,11 @@ impl SharedEndpoint {
         let open = || -> Result<Arc<Self>> {
             // With GPU buffers allowed, every endpoint must answer as the probe did.
             let probe_answer = device.candidate.setopt.clone().and_then(Result::ok);
-            let ep = Endpoint::open(&device.domain, probe_answer.filter(|_| plugin.gpu))?;
+            let domain = match plugin.settings.domain_per_endpoint {
+                true => device.domain.sibling()?,
+                false => device.domain.clone(),
+            };
+            let ep = Endpoint::open(&domain, probe_answer.filter(|_| plugin.gpu))?;
             tracing::debug!(
                 "endpoint opened on {} (setopt FI_OPT_CUDA_API_PERMITTED=false answered {})",
                 device.candidate.domain,
@@ -90,13 +94,17 @@ impl SharedEndpoint {
         match plugin.sharing(device) {
             EndpointSharing::PerComm => open(),
             EndpointSharing::PerDevice | EndpointSharing::Auto => {
-                let mut slots = device.shared_endpoints.lock();
-                let slot = &mut slots[role as usize];
-                if let Some(ep) = slot.upgrade() {
+                let mut lanes = device.shared_endpoints.lock();
+                let lanes = &mut lanes[role as usize];
+                let count = plugin.settings.lanes.max(1);
+                lanes.endpoints.resize_with(count, Weak::new);
+                let lane = lanes.next % count;
+                lanes.next = lanes.next.wrapping_add(1);
+                if let Some(ep) = lanes.endpoints[lane].upgrade() {
                     return Ok(ep);
                 }
                 let ep = open()?;
-                *slot = Arc::downgrade(&ep);
+                lanes.endpoints[lane] = Arc::downgrade(&ep);
                 Ok(ep)
             }
         }

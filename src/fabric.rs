@@ -291,6 +291,11 @@ impl Domain {
             _fabric: fabric.clone(),
         }))
     }
+    /// Another domain on the same fabric, from the same info: its own progress engine (a
+    /// tcp domain drives all its endpoints' sockets under one lock) and its own registrations.
+    pub fn sibling(&self) -> Result<Arc<Self>> {
+        Self::open(&self._fabric, self.info.info())
+    }
     pub fn raw(&self) -> *mut sys::fid_domain {
         self.raw
     }

@@ -85,15 +85,23 @@ impl Properties {
     }
 }
 
+/// A device's shared endpoints of one role (`NCCL_FABRIC_LANES` of them, opened when first
+/// used) and which one the next comm gets.
+#[derive(Default)]
+pub struct Lanes {
+    pub endpoints: Vec<Weak<crate::comm::SharedEndpoint>>,
+    pub next: usize,
+}
+
 /// One NCCL device: a domain of the chosen provider.
 pub struct Device {
     pub index: usize,
     pub domain: Arc<Domain>,
     pub props: Properties,
     pub candidate: Candidate,
-    /// With `NCCL_FABRIC_ENDPOINTS=device`, the endpoints all comms of this device share,
-    /// indexed by [`crate::comm::Role`].
-    pub shared_endpoints: Mutex<[Weak<crate::comm::SharedEndpoint>; 2]>,
+    /// With endpoints shared per device, the lanes all comms of this device share, indexed
+    /// by [`crate::comm::Role`], and a counter per role that hands them out in turn.
+    pub shared_endpoints: Mutex<[Lanes; 2]>,
 }
 
 pub struct Plugin {
@@ -232,7 +240,7 @@ fn open_devices(settings: Settings, discovery: &Discovery, decision: &Decision) 
             domain,
             props,
             candidate: c,
-            shared_endpoints: Mutex::new([Weak::new(), Weak::new()]),
+            shared_endpoints: Mutex::new(Default::default()),
         });
     }
     let summary = summary(discovery, decision, &devices);

@@ -37,6 +37,8 @@ pub const SPEED_MBPS: &str = "NCCL_FABRIC_SPEED_MBPS";
 pub const ALLOW_TCP_RDM: &str = "NCCL_FABRIC_ALLOW_NATIVE_TCP";
 pub const LOG: &str = "NCCL_FABRIC_LOG";
 pub const PROGRESS_THREAD: &str = "NCCL_FABRIC_PROGRESS_THREAD";
+pub const LANES: &str = "NCCL_FABRIC_LANES";
+pub const DOMAIN_PER_ENDPOINT: &str = "NCCL_FABRIC_DOMAIN_PER_ENDPOINT";
 
 pub const TABLE: &[Setting] = &[
     Setting {
@@ -72,10 +74,28 @@ pub const TABLE: &[Setting] = &[
         name: ENDPOINTS,
         kind: Kind::Choice(&["auto", "device", "comm"]),
         default: "auto",
-        meaning: "`device`: per device, one endpoint for all receiving comms and one for all \
-                  sending comms of the process, kept apart by tags; `comm`: one endpoint per comm \
+        meaning: "`device`: per device, `NCCL_FABRIC_LANES` endpoints for the receiving comms \
+                  and as many for the sending comms of the process, kept apart by tags; `comm`: \
+                  one endpoint per comm \
                   (no sharing between NCCL's threads, but slower to connect with tcp;ofi_rxm); \
                   `auto`: `comm` for shm and sm2, `device` otherwise",
+    },
+    Setting {
+        name: LANES,
+        kind: Kind::Number { min: 0, max: 64 },
+        default: "0",
+        meaning: "with endpoints shared per device: how many receiving and how many sending \
+                  endpoints each device has; comms are spread over them in turn, so traffic \
+                  moves over that many connections and progress threads at once. 0 = 4 on \
+                  machines with 8 or more CPUs, else 1",
+    },
+    Setting {
+        name: DOMAIN_PER_ENDPOINT,
+        kind: Kind::Choice(&["yes", "no"]),
+        default: "yes",
+        meaning: "`yes`: every endpoint opens its own libfabric domain, so endpoints progress \
+                  independently (libfabric 2.x tcp drives all sockets of a domain under one \
+                  lock); `no`: all endpoints of a device share the device's domain",
     },
     Setting {
         name: CONNECT_TIMEOUT_MS,
@@ -157,6 +177,9 @@ pub struct Settings {
     pub speed_mbps: u64,
     pub allow_native_tcp: bool,
     pub progress_thread: bool,
+    /// Shared endpoints per device and role (at least 1).
+    pub lanes: usize,
+    pub domain_per_endpoint: bool,
 }
 
 impl Default for Settings {
@@ -246,9 +269,14 @@ impl Settings {
             progress_thread: match value(&lookup, PROGRESS_THREAD)?.as_str() {
                 "yes" => true,
                 "no" => false,
-                // Spinning threads need spare cores; GPU hosts have them, small VMs do not.
-                _ => std::thread::available_parallelism().is_ok_and(|n| n.get() >= 8),
+                _ => many_cpus(),
             },
+            lanes: match number(LANES)? {
+                0 if many_cpus() => 4,
+                0 => 1,
+                n => n as usize,
+            },
+            domain_per_endpoint: value(&lookup, DOMAIN_PER_ENDPOINT)? == "yes",
         })
         .and_then(|s| {
             // Checked here too so a bad NCCL_FABRIC_LOG fails init like any other setting.
@@ -256,6 +284,12 @@ impl Settings {
             Ok(s)
         })
     }
+}
+
+/// Whether this machine has cores to spare for the plugin's own threads: GPU hosts do, small
+/// VMs do not.
+fn many_cpus() -> bool {
+    std::thread::available_parallelism().is_ok_and(|n| n.get() >= 8)
 }
 
 /// Whether `name` matches a pattern list entry (`eth0`, or a prefix `eth*`).
@@ -342,6 +376,20 @@ mod tests {
         assert_eq!(s.providers, vec!["shm", "tcp;ofi_rxm"]);
         assert!(matches_pattern("docker*", "docker0"));
         assert!(!matches_pattern("eth0", "eth01"));
+    }
+
+    #[test]
+    fn lanes_follow_the_machine_unless_set() {
+        let auto = parse(&[]).unwrap().lanes;
+        assert_eq!(auto, if many_cpus() { 4 } else { 1 });
+        assert_eq!(parse(&[(LANES, "8")]).unwrap().lanes, 8);
+        assert!(parse(&[(LANES, "65")]).is_err());
+        assert!(parse(&[]).unwrap().domain_per_endpoint);
+        assert!(
+            !parse(&[(DOMAIN_PER_ENDPOINT, "no")])
+                .unwrap()
+                .domain_per_endpoint
+        );
     }
 
     #[test]

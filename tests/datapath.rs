@@ -420,6 +420,33 @@ fn sixteen_comm_pairs_at_once() {
     for_each_provider("child_sixteen_pairs", &[("NCCL_FABRIC_ENDPOINTS", "comm")]);
 }
 
+/// Shared endpoints spread over lanes: 16 comm pairs on 3 lanes open exactly 3 receiving and
+/// 3 sending endpoints, each with its progress thread, and every byte still arrives.
+#[test]
+fn sixteen_comm_pairs_over_three_lanes() {
+    for p in data_providers() {
+        let mut env = provider_env(p);
+        for (k, v) in [
+            ("NCCL_FABRIC_ENDPOINTS", "device"),
+            ("NCCL_FABRIC_LANES", "3"),
+            ("NCCL_FABRIC_PROGRESS_THREAD", "yes"),
+            // The test host logs like NCCL: TRACE shows each endpoint opened.
+            ("NCCL_DEBUG", "TRACE"),
+        ] {
+            env.push((k.into(), v.into()));
+        }
+        let f = run_child("child_sixteen_pairs", &env, CHILD_TIMEOUT);
+        assert!(
+            f.success && f.result("ok").is_some(),
+            "lanes over {p} failed\n--- stdout\n{}\n--- stderr\n{}",
+            f.stdout,
+            f.stderr
+        );
+        let opened = f.stderr.matches("endpoint opened on").count();
+        assert_eq!(opened, 6, "endpoints opened over {p}\n{}", f.stderr);
+    }
+}
+
 // ---------------------------------------------------------------------------------------
 // 50 connect/close cycles without growth.
 
