@@ -6,11 +6,11 @@
 //! as those context pointers.
 
 use crate::error::{check, Error, Result};
-use crate::fabric::{close_fid, Domain};
+use crate::fabric::{close_fid, Domain, Info, OwnedInfo};
 use crate::sys;
 use std::ffi::c_void;
 use std::ptr;
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 
 /// Entries read from the completion queue per `fi_cq_read`.
 pub const CQ_BATCH: usize = 32;
@@ -39,6 +39,24 @@ pub struct Failure {
     pub text: String,
 }
 
+/// For shm, the endpoint's info with a source address no earlier process can have used.
+///
+/// shm names each endpoint's shared-memory file after its source address, by default
+/// `fi_shm://<pid>` plus uid and a per-process counter. A file left in /dev/shm by a process
+/// that died without cleaning up (killed, or crashed) keeps that name; when a later process
+/// gets the same pid, shm finds the pid recorded in the file alive (it is the new process)
+/// and `fi_enable` fails with EBUSY. A random part per process rules the clash out.
+fn shm_name(info: Info<'_>) -> Result<Option<OwnedInfo>> {
+    static NONCE: OnceLock<u64> = OnceLock::new();
+    let default = format!("fi_shm://{}", std::process::id());
+    if info.provider() != "shm" || info.src_addr_str().as_deref() != Some(default.as_str()) {
+        return Ok(None);
+    }
+    let nonce = NONCE.get_or_init(crate::comm::random_u64);
+    info.with_src_addr_str(&format!("{default}-{:08x}", *nonce as u32))
+        .map(Some)
+}
+
 pub struct Endpoint {
     ep: *mut sys::fid_ep,
     av: *mut sys::fid_av,
@@ -63,7 +81,8 @@ impl Endpoint {
     /// endpoints of a provider whose probe answer allowed GPU buffers must not answer
     /// differently later. The probe endpoint passes `None` and only records the answer.
     pub fn open(domain: &Arc<Domain>, expected_answer: Option<SetoptAnswer>) -> Result<Self> {
-        let info = domain.info.info();
+        let renamed = shm_name(domain.info.info())?;
+        let info = renamed.as_ref().map_or(domain.info.info(), |r| r.info());
         let mut me = Endpoint {
             ep: ptr::null_mut(),
             av: ptr::null_mut(),

@@ -203,6 +203,33 @@ impl<'a> Info<'a> {
             ))
         }
     }
+    /// The source address, when it is a string (`FI_ADDR_STR`, as shm uses).
+    pub fn src_addr_str(&self) -> Option<String> {
+        if self.raw.addr_format != sys::FI_ADDR_STR || self.raw.src_addr.is_null() {
+            return None;
+        }
+        Some(owned_str(self.raw.src_addr.cast()))
+    }
+    /// A copy of this entry with another string source address (`FI_ADDR_STR` providers).
+    pub fn with_src_addr_str(&self, addr: &str) -> Result<OwnedInfo> {
+        let owned = self.to_owned()?;
+        let text = std::ffi::CString::new(addr)
+            .map_err(|_| Error::Internal(format!("address {addr:?} holds a NUL")))?;
+        // SAFETY: strdup returns a malloc'd copy (or NULL), which fi_freeinfo later frees.
+        let copy = unsafe { libc::strdup(text.as_ptr()) };
+        if copy.is_null() {
+            return Err(Error::Internal("strdup failed: out of memory".into()));
+        }
+        let raw = owned.list.head;
+        // SAFETY: raw is the single entry this OwnedInfo owns; its old src_addr came from
+        // libfabric's allocator (malloc) and nothing else points to it.
+        unsafe {
+            libc::free((*raw).src_addr);
+            (*raw).src_addr = copy.cast();
+            (*raw).src_addrlen = addr.len() + 1;
+        }
+        Ok(owned)
+    }
     /// A copy of this one entry that outlives the list.
     pub fn to_owned(&self) -> Result<OwnedInfo> {
         // SAFETY: fi_dupinfo deep-copies one fi_info (not its `next` chain) and returns NULL

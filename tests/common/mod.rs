@@ -171,6 +171,7 @@ impl ChildTest {
     pub fn kill(&mut self) {
         let _ = self.child.kill();
         let _ = self.child.wait();
+        remove_shm_files(self.child.id());
     }
 
     /// Waits for the child to exit; kills it and panics at the deadline.
@@ -183,6 +184,7 @@ impl ChildTest {
             if Instant::now() > self.deadline {
                 let _ = self.child.kill();
                 let _ = self.child.wait();
+                remove_shm_files(self.child.id());
                 let stderr = self
                     .stderr
                     .take()
@@ -195,6 +197,7 @@ impl ChildTest {
             }
             std::thread::sleep(Duration::from_millis(20));
         };
+        remove_shm_files(self.child.id());
         // The reader thread ends at EOF, which comes once the child has exited.
         let mut out = std::mem::take(&mut self.seen);
         while let Ok(line) = self.lines.recv_timeout(Duration::from_secs(5)) {
@@ -227,6 +230,25 @@ pub fn run_child_ok(name: &str, env: &[(String, String)], timeout: Duration) -> 
         f.stdout, f.stderr
     );
     f
+}
+
+/// Removes the shared-memory files shm endpoints of the exited process `pid` left in /dev/shm
+/// (16 MiB each): a killed child cannot clean up, and neither can one whose endpoints were
+/// deliberately kept open (a close with requests in flight).
+fn remove_shm_files(pid: u32) {
+    let prefix = pid.to_string();
+    let ours = |name: &str| {
+        name.strip_prefix(&prefix)
+            .is_some_and(|rest| rest.starts_with(['-', ':']))
+    };
+    let Ok(dir) = std::fs::read_dir("/dev/shm") else {
+        return;
+    };
+    for entry in dir.flatten() {
+        if ours(&entry.file_name().to_string_lossy()) {
+            let _ = std::fs::remove_file(entry.path());
+        }
+    }
 }
 
 /// True inside a child started by [`spawn_child`] for `name`.
