@@ -3,8 +3,8 @@
 # has no Rust, no libfabric and no libtool:
 #   .scratch/gpu-in/plugin/      the plugin and nccl-net-fabric, built against libfabric 2.1
 #   .scratch/gpu-in/libfabric-2.1.0-autogen.tar.xz   libfabric's source with ./autogen.sh run
-# An nccl-tests build folder is not made here: build nccl-tests on the GPU machine as its own
-# README says and pass its folder as NCCL_TESTS_DIR.
+# nccl-tests is not made here: put a copy of NVIDIA/nccl-tests in .scratch/gpu-in/nccl-tests
+# (git-ignored, never committed); the nccltests stage of scripts/gpu/run.sh builds it there.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 out=.scratch/gpu-in

@@ -5,12 +5,14 @@
 #
 # Usage: scripts/gpu/run.sh STAGE...
 #   libfabric    build libfabric 2.1 with --with-cuda --enable-cuda-dlopen (cached)
+#   nccltests    build nccl-tests from $NCCL_TESTS_SRC against the NCCL PyTorch loads, with
+#                MPI=0 and (where mpicc is found) MPI=1 (cached)
 #   doctor       the plugin's provider report on this machine (libfabric with CUDA)
 #   loading      NCCL_NET_PLUGIN=<path>, NCCL_NET_PLUGIN=fabric and LD_PRELOAD, INFO/TRACE lines
 #   allreduce    all_reduce_perf: Socket, tcp;ofi_rxm, shm
 #   variants     all_reduce_perf with one endpoint per comm, native tcp (allowed, then refused)
-#   collectives  all_gather_perf, sendrecv_perf, alltoall_perf: Socket, tcp;ofi_rxm, shm
-#   mpi          all_reduce_perf as 2 processes (needs nccl-tests built with MPI=1)
+#   collectives  all_reduce, all_gather, sendrecv, alltoall: Socket, tcp;ofi_rxm, native tcp, shm
+#   mpi          all_reduce_perf as 2 processes (mpirun): Socket, tcp;ofi_rxm, native tcp, shm
 #   torch        torch.distributed all-reduce, 2 processes (torchrun), result checked
 #   runs         the runs listed in $RUNS_FILE, one per line: NAME TEST socket|fabric [VAR=VALUE ...]
 #
@@ -18,8 +20,9 @@
 #   PLUGIN_DIR        folder with libnccl_net_fabric.so and nccl-net-fabric (default .scratch/gpu-in/plugin)
 #   LIBFABRIC_TARBALL libfabric source: a tree prepared with ./autogen.sh (GPU machines may have no
 #                     libtool) or the orig tarball (default: whichever is in .scratch/gpu-in)
-#   NCCL_TESTS_DIR    nccl-tests build folder with the *_perf binaries (default .scratch/gpu-in/nccl-tests/build)
-#   NCCL_TESTS_MPI_DIR the same built with MPI=1 (for the mpi stage; optional)
+#   NCCL_TESTS_SRC    a copy of NVIDIA/nccl-tests, kept out of this repository (default .scratch/gpu-in/nccl-tests)
+#   NCCL_TESTS_DIR    nccl-tests build folder with the *_perf binaries (default: what the nccltests stage built)
+#   NCCL_TESTS_MPI_DIR the same built with MPI=1 (for the mpi stage; default: what the nccltests stage built)
 #   OUT               where logs and summary.md go (default .scratch/gpu-out)
 #   TIMEOUT           seconds allowed per benchmark (default 150): a run past it counts as a hang
 #   ITERS, WARMUP     nccl-tests -n / -w (default 10 / 3)
@@ -31,7 +34,7 @@ cd "$repo"
 in=$repo/.scratch/gpu-in
 PLUGIN_DIR=${PLUGIN_DIR:-$in/plugin}
 LIBFABRIC_TARBALL=${LIBFABRIC_TARBALL:-$(ls "$in"/libfabric-2.1.0-autogen.tar.xz "$in"/libfabric_2.1.0.orig.tar.xz 2>/dev/null | head -n1)}
-NCCL_TESTS_DIR=${NCCL_TESTS_DIR:-$in/nccl-tests/build}
+NCCL_TESTS_SRC=${NCCL_TESTS_SRC:-$in/nccl-tests}
 OUT=${OUT:-$repo/.scratch/gpu-out}
 TIMEOUT=${TIMEOUT:-150}
 ITERS=${ITERS:-10}
@@ -40,6 +43,8 @@ MAXBYTES=${MAXBYTES:-1G}
 WARMUP=${WARMUP:-3}
 work=$repo/.scratch/gpu-work
 lf=$work/libfabric-cuda
+NCCL_TESTS_DIR=${NCCL_TESTS_DIR:-$work/nccl-tests}
+NCCL_TESTS_MPI_DIR=${NCCL_TESTS_MPI_DIR:-$work/nccl-tests-mpi}
 mkdir -p "$OUT/logs" "$work"
 summary=$OUT/summary.md
 
@@ -47,6 +52,10 @@ summary=$OUT/summary.md
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 
 log() { echo "[gpu $(date +%H:%M:%S)] $*" >&2; }
+
+# The NCCL that PyTorch loads: nccl-tests link and run against it.
+nccl_dir=$(python3 -c 'import nvidia.nccl as m; print(list(m.__path__)[0])' 2>/dev/null)
+[ -n "$nccl_dir" ] && export LD_LIBRARY_PATH=$nccl_dir/lib:${LD_LIBRARY_PATH:-}
 
 
 # The plugin under the names NCCL looks for.
@@ -65,6 +74,37 @@ stage_libfabric() {
     LIBFABRIC_CONFIGURE_EXTRA="--with-cuda=/usr/local/cuda --enable-cuda-dlopen" \
     bash scripts/build-libfabric.sh >"$OUT/logs/libfabric-build.log" 2>&1 \
     || { tail -n 40 "$OUT/logs/libfabric-build.log" >&2; return 1; }
+}
+
+# Where mpi.h lives, as nccl-tests' MPI_HOME (its include/ and lib/); empty if none.
+mpi_home() {
+  local d
+  for d in $(mpicc --showme:incdirs 2>/dev/null) /usr/lib/x86_64-linux-gnu/openmpi/include; do
+    if [ -f "$d/mpi.h" ] && [ -d "$d/../lib" ]; then (cd "$d/.." && pwd); return 0; fi
+  done
+}
+
+stage_nccltests() {
+  [ -f "$NCCL_TESTS_SRC/src/Makefile" ] || { log "no nccl-tests source in $NCCL_TESTS_SRC"; return 1; }
+  [ -n "$nccl_dir" ] || { log "no NCCL found (python3 -c 'import nvidia.nccl')"; return 1; }
+  local home=$work/nccl-home cap mpi
+  mkdir -p "$home/lib"
+  ln -sf "$nccl_dir/lib/libnccl.so.2" "$home/lib/libnccl.so"
+  ln -sfn "$nccl_dir/include" "$home/include"
+  cap=$(nvidia-smi --query-gpu=compute_cap --format=csv,noheader | head -n1 | tr -d '. ')
+  local args=(-C "$NCCL_TESTS_SRC/src" -j16 CUDA_HOME=/usr/local/cuda NCCL_HOME="$home"
+    NVCC_GENCODE="-gencode=arch=compute_$cap,code=sm_$cap")
+  if [ ! -x "$NCCL_TESTS_DIR/all_reduce_perf" ]; then
+    make "${args[@]}" MPI=0 BUILDDIR="$NCCL_TESTS_DIR" >"$OUT/logs/nccl-tests-build.log" 2>&1 &
+  fi
+  mpi=$(mpi_home)
+  if [ -n "$mpi" ] && [ ! -x "$NCCL_TESTS_MPI_DIR/all_reduce_perf" ]; then
+    make "${args[@]}" MPI=1 MPI_HOME="$mpi" BUILDDIR="$NCCL_TESTS_MPI_DIR" \
+      >"$OUT/logs/nccl-tests-mpi-build.log" 2>&1 &
+  fi
+  wait
+  [ -x "$NCCL_TESTS_DIR/all_reduce_perf" ] || { tail -n 20 "$OUT/logs/nccl-tests-build.log" >&2; return 1; }
+  [ -x "$NCCL_TESTS_MPI_DIR/all_reduce_perf" ] || log "no MPI build of nccl-tests (mpi.h: ${mpi:-not found})"
 }
 
 plugin_env() {
@@ -158,10 +198,11 @@ stage_runs() {
 
 stage_collectives() {
   plugin_env
-  table_header "other collectives, 2 GPUs in one process (-g 2), P2P and SHM off"
-  for t in all_gather_perf sendrecv_perf alltoall_perf; do
+  table_header "four collectives, 2 GPUs in one process (-g 2), P2P and SHM off"
+  for t in all_reduce_perf all_gather_perf sendrecv_perf alltoall_perf; do
     run "socket-${t%_perf}" "$t" $(socket)
     run "rxm-${t%_perf}" "$t" $(fabric) NCCL_FABRIC_PROVIDER="tcp;ofi_rxm"
+    run "tcp-${t%_perf}" "$t" $(fabric) NCCL_FABRIC_PROVIDER=tcp NCCL_FABRIC_ALLOW_NATIVE_TCP=yes
     run "shm-${t%_perf}" "$t" $(fabric) NCCL_FABRIC_PROVIDER=shm
   done
 }
@@ -200,25 +241,27 @@ stage_loading() {
 
 stage_mpi() {
   plugin_env
-  local dir=${NCCL_TESTS_MPI_DIR:-}
-  if [ -z "$dir" ] || [ ! -x "$dir/all_reduce_perf" ]; then
+  local dir=$NCCL_TESTS_MPI_DIR
+  if [ ! -x "$dir/all_reduce_perf" ]; then
     echo "- mpi: skipped (no nccl-tests built with MPI=1)" >>"$summary"
     return 0
   fi
   table_header "all_reduce_perf, 2 processes (mpirun -np 2, -g 1), P2P and SHM off"
   local name
-  for name in socket rxm shm; do
+  local fab=(-x NCCL_NET=Fabric -x NCCL_NET_PLUGIN="$PLUGIN_LIB/libnccl-net-fabric.so")
+  for name in socket rxm tcp shm; do
     local extra
     case $name in
       socket) extra=(-x NCCL_NET=Socket -x NCCL_NET_PLUGIN=none) ;;
-      rxm) extra=(-x NCCL_NET=Fabric -x NCCL_NET_PLUGIN="$PLUGIN_LIB/libnccl-net-fabric.so" -x NCCL_FABRIC_PROVIDER="tcp;ofi_rxm") ;;
-      shm) extra=(-x NCCL_NET=Fabric -x NCCL_NET_PLUGIN="$PLUGIN_LIB/libnccl-net-fabric.so" -x NCCL_FABRIC_PROVIDER=shm) ;;
+      rxm) extra=("${fab[@]}" -x NCCL_FABRIC_PROVIDER="tcp;ofi_rxm") ;;
+      tcp) extra=("${fab[@]}" -x NCCL_FABRIC_PROVIDER=tcp -x NCCL_FABRIC_ALLOW_NATIVE_TCP=yes) ;;
+      shm) extra=("${fab[@]}" -x NCCL_FABRIC_PROVIDER=shm) ;;
     esac
     local logf=$OUT/logs/mpi-$name.log start=$SECONDS
-    timeout -k 10 "$TIMEOUT" mpirun --allow-run-as-root --oversubscribe -np 2 \
+    timeout -k 10 "$TIMEOUT" mpirun --allow-run-as-root --bind-to none -np 2 \
       -x LD_LIBRARY_PATH -x NCCL_P2P_DISABLE=1 -x NCCL_SHM_DISABLE=1 -x NCCL_NVLS_ENABLE=0 \
       -x NCCL_DEBUG=INFO -x NCCL_DEBUG_SUBSYS=INIT,NET "${extra[@]}" \
-      "$dir/all_reduce_perf" -b 1M -e 1G -f 4 -g 1 -n "$ITERS" -w "$WARMUP" >"$logf" 2>&1
+      "$dir/all_reduce_perf" -b "$MINBYTES" -e "$MAXBYTES" -f 4 -g 1 -n "$ITERS" -w "$WARMUP" >"$logf" 2>&1
     row "mpi-$name" all_reduce_perf "$logf" $? $((SECONDS - start))
   done
 }
@@ -240,7 +283,7 @@ stage_torch() {
   } >>"$summary"
 }
 
-[ $# -gt 0 ] || { sed -n '2,30p' "$0"; exit 2; }
+[ $# -gt 0 ] || { awk 'NR > 1 && !/^#/ {exit} NR > 1' "$0"; exit 2; }
 {
   echo "# nccl-net-fabric on a GPU machine, $(date -u +%Y-%m-%dT%H:%MZ)"
   echo
