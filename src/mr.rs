@@ -112,6 +112,12 @@ impl MemoryRegion {
     pub fn desc(&self) -> *mut c_void {
         self.desc
     }
+
+    /// Whether this registration belongs to `comm`'s domain: endpoints each have their own,
+    /// so a registration made on one comm is no descriptor for another.
+    pub fn fits(&self, comm: &Comm) -> bool {
+        Arc::ptr_eq(&self._ep.ep.domain, &comm.ep.ep.domain)
+    }
 }
 
 impl Drop for MemoryRegion {

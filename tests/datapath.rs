@@ -602,6 +602,48 @@ fn bad_handles_give_errors_not_crashes() {
     );
 }
 
+/// An mhandle registered on one comm and passed to another: an error and a WARN, no crash
+/// (each endpoint has its own domain, so the descriptor would mean nothing there).
+#[test]
+#[ignore = "child process of another test"]
+fn child_foreign_mhandle() {
+    let lib = init();
+    let until = deadline(30);
+    let (send, recv) = lib.connect_pair(0, until).expect("connect_pair");
+    let mut buf = pattern(3, 4096);
+    // SAFETY: buf outlives the registration, released below.
+    let mh =
+        unsafe { lib.reg_mr(recv, buf.as_mut_ptr().cast(), buf.len(), PTR_HOST) }.expect("regMr");
+    // SAFETY: the call must fail before anything is posted.
+    let r = unsafe { lib.isend(send, buf.as_mut_ptr().cast(), 4096, mh) };
+    let code = r.expect_err("an mhandle of another comm is refused").code;
+    assert_eq!(code, NcclResult::InvalidArgument as i32);
+    lib.dereg_mr(recv, mh).expect("deregMr");
+    lib.close_send(send).expect("closeSend");
+    lib.close_recv(recv).expect("closeRecv");
+    println!("RESULT ok=1");
+}
+
+#[test]
+fn an_mhandle_of_another_comm_is_refused() {
+    let f = run_child(
+        "child_foreign_mhandle",
+        &provider_env("tcp;ofi_rxm"),
+        CHILD_TIMEOUT,
+    );
+    assert!(
+        f.success && f.result("ok").is_some(),
+        "--- stdout\n{}\n--- stderr\n{}",
+        f.stdout,
+        f.stderr
+    );
+    assert!(
+        f.stderr.contains("registered on another comm"),
+        "a WARN says what happened: {}",
+        f.stderr
+    );
+}
+
 #[test]
 #[ignore = "child process of another test"]
 fn child_truncated() {

@@ -207,14 +207,21 @@ pub(crate) unsafe extern "C" fn dereg_mr(comm: *mut c_void, mhandle: *mut c_void
     })
 }
 
+/// The descriptor of `mhandle` for an operation on `comm`.
+///
 /// # Safety
 /// `mhandle` must be NULL or a registration we returned.
-unsafe fn desc_of(mhandle: *mut c_void) -> Result<*mut c_void> {
+unsafe fn desc_of(comm: &Comm, mhandle: *mut c_void) -> Result<*mut c_void> {
     // SAFETY: per the caller.
-    Ok(
-        unsafe { MemoryRegion::from_ptr(mhandle)? }
-            .map_or(std::ptr::null_mut(), MemoryRegion::desc),
-    )
+    match unsafe { MemoryRegion::from_ptr(mhandle)? } {
+        None => Ok(std::ptr::null_mut()),
+        Some(region) if region.fits(comm) => Ok(region.desc()),
+        Some(_) => Err(Error::InvalidArgument(
+            "the mhandle was registered on another comm (each comm's endpoint has its own \
+             libfabric domain): register the buffer with regMr on the comm that uses it"
+                .into(),
+        )),
+    }
 }
 
 /// Sizes as NCCL passes them: `int` up to v8, `size_t` from v9 on.
@@ -266,7 +273,7 @@ unsafe fn post(
         )));
     }
     // SAFETY: NCCL passes the mhandle regMr gave it, or NULL.
-    let desc = unsafe { desc_of(mhandle)? };
+    let desc = unsafe { desc_of(comm, mhandle)? };
     // SAFETY: the caller keeps `data` valid for `len` bytes until the request is done.
     *request = unsafe { comm.post(data, len, desc)? }.map_or(std::ptr::null_mut(), |r| r.cast());
     Ok(())
