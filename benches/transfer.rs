@@ -303,25 +303,38 @@ fn run_one(provider: &str) {
         "bandwidth ratio plugin/raw, geometric mean over sizes: {:.2}\n",
         geo.exp()
     );
+    // Close as NCCL does, so providers release what they hold (shm's /dev/shm files).
+    for side in [&p_send, &p_recv, &p_back_send, &p_back_recv] {
+        for (_, m) in side.mrs.lock().drain(..) {
+            lib.dereg_mr(side.comm, m).expect("deregMr");
+        }
+    }
+    for (s, r) in [(s1, r1), (s2, r2)] {
+        lib.close_send(s).expect("closeSend");
+        lib.close_recv(r).expect("closeRecv");
+    }
 }
 
+/// Runs each provider's benchmark in a child process of its own (libfabric reads its
+/// environment once per process). Arguments name providers; default: every one available.
 fn main() {
-    let args: Vec<String> = std::env::args()
+    if let Ok(p) = std::env::var("NFAB_BENCH_PROVIDER") {
+        return run_one(&p);
+    }
+    let mut providers: Vec<String> = std::env::args()
         .skip(1)
         .filter(|a| !a.starts_with("--"))
         .collect();
-    if let Some(p) = args.first() {
-        return run_one(p);
-    }
-    let v = runtime_version();
-    let mut providers = vec!["tcp;ofi_rxm", "shm"];
-    if v >= (1 << 16 | 18) {
-        providers.push("tcp");
+    if providers.is_empty() {
+        providers = vec!["tcp;ofi_rxm".into(), "shm".into()];
+        if runtime_version() >= (1 << 16 | 18) {
+            providers.push("tcp".into());
+        }
     }
     for p in providers {
         let status = Command::new(std::env::current_exe().expect("bench binary"))
-            .arg(p)
-            .env("NCCL_FABRIC_PROVIDER", p)
+            .env("NFAB_BENCH_PROVIDER", &p)
+            .env("NCCL_FABRIC_PROVIDER", &p)
             .env(
                 "NCCL_FABRIC_DOMAINS",
                 std::env::var("NCCL_FABRIC_DOMAINS").unwrap_or_else(|_| "lo,shm".into()),
