@@ -10,11 +10,12 @@
 #   doctor       the plugin's provider report on this machine (libfabric with CUDA)
 #   loading      NCCL_NET_PLUGIN=<path>, NCCL_NET_PLUGIN=fabric and LD_PRELOAD, INFO/TRACE lines
 #   allreduce    all_reduce_perf: Socket, tcp;ofi_rxm, shm
-#   variants     all_reduce_perf with one endpoint per comm, native tcp (allowed, then refused)
+#   variants     all_reduce_perf with 1 lane, one domain, shm's endpoints shared; native tcp refused
 #   collectives  all_reduce, all_gather, sendrecv, alltoall: Socket, tcp;ofi_rxm, native tcp, shm
 #   mpi          all_reduce_perf as 2 processes (mpirun): Socket, tcp;ofi_rxm, native tcp, shm
 #   torch        torch.distributed all-reduce, 2 processes (torchrun), result checked
 #   runs         the runs listed in $RUNS_FILE, one per line: NAME TEST socket|fabric [VAR=VALUE ...]
+#   all          libfabric nccltests doctor loading collectives variants mpi torch (about 10 min)
 #
 # scripts/gpu/prepare.sh makes the inputs on the Debian build machine. Inputs (environment):
 #   PLUGIN_DIR        folder with libnccl_net_fabric.so and nccl-net-fabric (default .scratch/gpu-in/plugin)
@@ -178,9 +179,11 @@ stage_allreduce() {
 
 stage_variants() {
   plugin_env
-  table_header "all_reduce_perf variants: endpoint sharing, native tcp"
+  table_header "all_reduce_perf variants: lanes, domains, endpoint sharing; native tcp refused"
+  run rxm-1lane-all_reduce all_reduce_perf $(fabric) NCCL_FABRIC_PROVIDER="tcp;ofi_rxm" NCCL_FABRIC_LANES=1
+  run rxm-onedomain-all_reduce all_reduce_perf $(fabric) NCCL_FABRIC_PROVIDER="tcp;ofi_rxm" \
+    NCCL_FABRIC_LANES=1 NCCL_FABRIC_DOMAIN_PER_ENDPOINT=no
   run shm-device-all_reduce all_reduce_perf $(fabric) NCCL_FABRIC_PROVIDER=shm NCCL_FABRIC_ENDPOINTS=device
-  run tcp-all_reduce all_reduce_perf $(fabric) NCCL_FABRIC_PROVIDER=tcp NCCL_FABRIC_ALLOW_NATIVE_TCP=yes
   run tcp-refused all_reduce_perf $(fabric) NCCL_FABRIC_PROVIDER=tcp
   grep -h "NET/Fabric\|NET plugin" "$OUT/logs/tcp-refused.log" | cut -c1-400 | head -n 4 >"$OUT/tcp-refused.txt"
 }
@@ -289,6 +292,7 @@ stage_torch() {
   echo
   echo "NCCL $(python3 -c 'import torch; print(".".join(map(str, torch.cuda.nccl.version())))' 2>/dev/null), torch $(python3 -c 'import torch; print(torch.__version__)' 2>/dev/null), libfabric 2.1.0 (built here with CUDA), $(nvidia-smi -L | wc -l) GPUs; nccl-tests -b 1M -e 1G -f 4 -n $ITERS -w $WARMUP"
 } >>"$summary"
+[ "$*" = all ] && set -- libfabric nccltests doctor loading collectives variants mpi torch
 for stage in "$@"; do
   log "stage $stage"
   "stage_$stage" || log "stage $stage failed"
