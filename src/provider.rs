@@ -368,7 +368,12 @@ fn hmem_reason(
             )
         }
         None if hmem_entries.is_empty() => {
-            format!("GPU buffers: no: no provider offers FI_HMEM (hints FI_TAGGED|FI_MSG|FI_HMEM found nothing); {} carries host buffers", chosen.provider)
+            // With providers named, discovery asks libfabric for those alone.
+            let among = match settings.providers.as_slice() {
+                [] => String::new(),
+                named => format!(" among NCCL_FABRIC_PROVIDER={}", named.join(",")),
+            };
+            format!("GPU buffers: no: no provider{among} offers FI_HMEM (hints FI_TAGGED|FI_MSG|FI_HMEM found nothing); {} carries host buffers", chosen.provider)
         }
         None => {
             let found: Vec<String> = hmem_entries

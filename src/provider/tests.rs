@@ -168,6 +168,18 @@ fn host_only_world_falls_back_and_says_why() {
     );
     assert!(!d.gpu);
     assert!(d.hmem_reason.contains("found nothing"), "{}", d.hmem_reason);
+    // With a provider named, the FI_HMEM pass looked at that provider only: say so.
+    let named = Settings::from_lookup(|k| {
+        (k == crate::settings::PROVIDER).then(|| "tcp;ofi_rxm".to_string())
+    })
+    .unwrap();
+    let d = decide(&c, &named);
+    assert!(
+        d.hmem_reason
+            .contains("no provider among NCCL_FABRIC_PROVIDER=tcp;ofi_rxm offers FI_HMEM"),
+        "{}",
+        d.hmem_reason
+    );
 }
 
 #[test]
