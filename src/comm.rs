@@ -30,7 +30,7 @@ const LIVENESS_INTERVAL: Duration = Duration::from_millis(500);
 /// Progress batches read per call before returning to NCCL.
 const PROGRESS_ROUNDS: usize = 8;
 
-/// Which side of a comm pair an endpoint serves. With shared endpoints a device has one of
+/// Which side of a comm pair an endpoint serves. With shared endpoints a device has lanes of
 /// each, so two ranks of one process never send to their own endpoint (some providers,
 /// shm among them, cannot).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -59,8 +59,9 @@ pub struct SharedEndpoint {
 }
 
 impl SharedEndpoint {
-    /// The endpoint a new comm on `device` uses: the device's shared one for `role`, or a new
-    /// one (`NCCL_FABRIC_ENDPOINTS=comm`).
+    /// The endpoint a new comm on `device` uses: the next of the device's lanes for `role`
+    /// (opened on first use), or a new one (`NCCL_FABRIC_ENDPOINTS=comm`). Each endpoint
+    /// opens its own domain unless `NCCL_FABRIC_DOMAIN_PER_ENDPOINT=no`.
     pub fn for_device(plugin: &Plugin, device: &Device, role: Role) -> Result<Arc<Self>> {
         let open = || -> Result<Arc<Self>> {
             // With GPU buffers allowed, every endpoint must answer as the probe did.

@@ -135,9 +135,10 @@ impl Plugin {
             })
     }
     /// How comms on `device` get endpoints. `auto` gives shared-memory providers an endpoint
-    /// per comm: measured under NCCL with shm, per-comm endpoints moved 1.6x the bytes of
-    /// shared ones (two ranks' progress threads no longer contend on one queue), while
-    /// tcp;ofi_rxm was no faster and takes ~0.2-0.7 s to connect each new endpoint.
+    /// per comm: measured under NCCL with shm, per-comm endpoints moved 1.6x the bytes of one
+    /// shared pair (two ranks' progress threads no longer contend on one queue) and as much as
+    /// 4-16 lanes, while tcp;ofi_rxm takes ~0.2-0.7 s to connect each new endpoint, so it
+    /// shares lanes.
     pub fn sharing(&self, device: &Device) -> EndpointSharing {
         match self.settings.endpoints {
             EndpointSharing::Auto if device.candidate.local_only() => EndpointSharing::PerComm,
