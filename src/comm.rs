@@ -6,14 +6,17 @@
 //! posting order is guarded by its `post` lock; request slots are claimed with atomics;
 //! completions are recorded through atomics in [`Op`], so any thread may read the shared
 //! completion queue — NCCL's own calls, or a progress thread per endpoint where
-//! `NCCL_FABRIC_PROGRESS_THREAD` asks for one. libfabric objects are opened `FI_THREAD_SAFE`.
+//! `NCCL_FABRIC_PROGRESS_THREAD` asks for one. Where there is one, NCCL's isend/irecv only
+//! queue their operation ([`crate::handoff`]) and that thread posts it. libfabric objects are
+//! opened `FI_THREAD_SAFE`.
 
 use crate::endpoint::Endpoint;
 use crate::error::{Error, Result};
+use crate::handoff::{Handoff, Pending, PendingKind};
 use crate::handshake::Identity;
 use crate::op::{Op, Status};
 use crate::plugin::{Device, Plugin};
-use crate::settings::EndpointSharing;
+use crate::settings::{EndpointSharing, PostFrom};
 use crate::sys;
 use crate::tags::Tags;
 use parking_lot::Mutex;
@@ -27,6 +30,8 @@ use std::time::{Duration, Instant};
 pub const REQUESTS_PER_COMM: usize = crate::nccl::NET_MAX_REQUESTS;
 /// How often a request that waits long checks whether a peer on this host still lives.
 const LIVENESS_INTERVAL: Duration = Duration::from_millis(500);
+/// How often a close repeats its cancels while waiting for ops to leave the provider.
+const CANCEL_INTERVAL: Duration = Duration::from_millis(5);
 /// Progress batches read per call before returning to NCCL.
 const PROGRESS_ROUNDS: usize = 8;
 
@@ -45,7 +50,9 @@ pub enum Role {
 /// nonce that makes this endpoint's handles unique, and the peers already in its address
 /// vector (each address is inserted once, so every comm to a peer uses one fi_addr).
 pub struct SharedEndpoint {
-    pub ep: Endpoint,
+    /// Shared with the progress thread, which the drop of this struct stops and joins first,
+    /// so the endpoint is always closed on the thread that dropped the last comm.
+    pub ep: Arc<Endpoint>,
     pub tags: Tags,
     pub nonce: u64,
     pub me: Identity,
@@ -55,7 +62,41 @@ pub struct SharedEndpoint {
     /// NCCL's calls then only look at their ops.
     driven: AtomicBool,
     /// Set by the progress thread when the completion queue itself failed.
-    broken: Mutex<Option<String>>,
+    broken: Arc<Mutex<Option<String>>>,
+    /// Sends and receives for the progress thread to post (`NCCL_FABRIC_POST_FROM`).
+    handoff: Arc<Handoff>,
+    /// Whether posts go through `handoff`: set once the progress thread runs.
+    hands_off: AtomicBool,
+    progress_thread: Mutex<Option<ProgressThread>>,
+    /// Whether peers in this process may point into this endpoint's memory (shm, sm2).
+    shares_memory: bool,
+    /// Sending endpoints of this process whose messages this endpoint may still hold: they
+    /// are closed after it (fields drop in order: `ep` first). See [`Comm::close`].
+    parked: Mutex<Vec<Arc<SharedEndpoint>>>,
+}
+
+/// This process's endpoints by nonce, so a closing send comm can find its receiver's.
+static ENDPOINTS: Mutex<Option<HashMap<u64, Weak<SharedEndpoint>>>> = Mutex::new(None);
+
+/// A running progress thread and the flag that stops it.
+struct ProgressThread {
+    stop: Arc<AtomicBool>,
+    handle: std::thread::JoinHandle<()>,
+}
+
+impl Drop for SharedEndpoint {
+    fn drop(&mut self) {
+        if let Some(map) = ENDPOINTS.lock().as_mut() {
+            map.remove(&self.nonce);
+        }
+        if let Some(t) = self.progress_thread.get_mut().take() {
+            t.stop.store(true, Ordering::Release);
+            t.handle.thread().unpark();
+            if t.handle.join().is_err() {
+                tracing::warn!("a progress thread panicked");
+            }
+        }
+    }
 }
 
 impl SharedEndpoint {
@@ -71,25 +112,41 @@ impl SharedEndpoint {
                 false => device.domain.clone(),
             };
             let ep = Endpoint::open(&domain, probe_answer.filter(|_| plugin.gpu))?;
-            tracing::debug!(
-                "endpoint opened on {} (setopt FI_OPT_CUDA_API_PERMITTED=false answered {})",
-                device.candidate.domain,
-                crate::provider::errno_name(ep.cuda_api_answer)
-            );
+            let cuda_api_answer = crate::provider::errno_name(ep.cuda_api_answer);
             let tags = Tags::new(device.domain.info.info().mem_tag_format());
             let ep = Arc::new(SharedEndpoint {
-                ep,
+                ep: Arc::new(ep),
                 tags,
                 nonce: random_u64(),
                 me: Identity::current(),
                 next_id: AtomicU64::new(1),
                 peers: Mutex::new(HashMap::new()),
                 driven: AtomicBool::new(false),
-                broken: Mutex::new(None),
+                broken: Arc::default(),
+                handoff: Arc::default(),
+                hands_off: AtomicBool::new(false),
+                progress_thread: Mutex::new(None),
+                shares_memory: device.candidate.local_only(),
+                parked: Mutex::new(Vec::new()),
             });
-            if plugin.settings.progress_thread {
-                ep.spawn_progress_thread();
+            ENDPOINTS
+                .lock()
+                .get_or_insert_with(HashMap::new)
+                .insert(ep.nonce, Arc::downgrade(&ep));
+            let mut threads = "NCCL's calls post and progress";
+            if plugin.settings.progress_thread && ep.spawn_progress_thread() {
+                let hand_off = plugin.settings.post_from == PostFrom::Progress;
+                ep.hands_off.store(hand_off, Ordering::Release);
+                threads = match hand_off {
+                    true => "its progress thread posts and progresses",
+                    false => "NCCL's calls post, its progress thread progresses",
+                };
             }
+            tracing::debug!(
+                "endpoint opened on {} (setopt FI_OPT_CUDA_API_PERMITTED=false answered \
+                 {cuda_api_answer}; {threads})",
+                device.candidate.domain,
+            );
             Ok(ep)
         };
         match plugin.sharing(device) {
@@ -127,6 +184,14 @@ impl SharedEndpoint {
         self.next_id.fetch_add(1, Ordering::Relaxed) & self.tags.id_mask()
     }
 
+    /// Keeps `sender` open until this endpoint is closed (see [`Comm::close`]).
+    fn park(&self, sender: &Arc<SharedEndpoint>) {
+        let mut parked = self.parked.lock();
+        if !parked.iter().any(|p| Arc::ptr_eq(p, sender)) {
+            parked.push(sender.clone());
+        }
+    }
+
     /// Progress on behalf of an NCCL call: reads completions, unless a progress thread does.
     pub fn drive(&self) -> Result<()> {
         if self.driven.load(Ordering::Relaxed) {
@@ -140,25 +205,28 @@ impl SharedEndpoint {
         self.progress().map(|_| ())
     }
 
-    /// Starts a thread that reads this endpoint's completions until the endpoint is gone:
-    /// it spins while completions come, then yields, then naps (20 µs, later 200 µs) when idle.
-    fn spawn_progress_thread(self: &Arc<Self>) {
-        let weak = Arc::downgrade(self);
+    /// Starts a thread that posts what NCCL's calls queued and reads this endpoint's
+    /// completions until the endpoint is dropped: it spins while work comes, then yields, then
+    /// naps (20 µs, later 200 µs) when idle, woken early by new work. Returns whether it runs.
+    fn spawn_progress_thread(&self) -> bool {
+        let stop = Arc::new(AtomicBool::new(false));
+        let (ep, handoff, broken, stopped) = (
+            self.ep.clone(),
+            self.handoff.clone(),
+            self.broken.clone(),
+            stop.clone(),
+        );
         let started = std::thread::Builder::new()
             .name("nfab-progress".into())
             .spawn(move || {
                 let mut idle = 0u32;
-                loop {
-                    let Some(ep) = weak.upgrade() else { return };
-                    let read = ep.progress();
-                    drop(ep);
-                    match read {
-                        Ok(0) => idle = idle.saturating_add(1),
+                while !stopped.load(Ordering::Acquire) {
+                    let posted = handoff.drain(&ep);
+                    match progress(&ep) {
+                        Ok(0) if posted == 0 => idle = idle.saturating_add(1),
                         Ok(_) => idle = 0,
                         Err(e) => {
-                            if let Some(ep) = weak.upgrade() {
-                                *ep.broken.lock() = Some(e.to_string());
-                            }
+                            *broken.lock() = Some(e.to_string());
                             tracing::warn!("progress thread stopped: {e}");
                             return;
                         }
@@ -168,46 +236,48 @@ impl SharedEndpoint {
                         4_001..=40_000 => std::thread::yield_now(),
                         // About a second of 20 µs naps, then 200 µs: an endpoint idle between
                         // NCCL operations costs little CPU and wakes within a fraction of a ms.
-                        40_001..=90_000 => std::thread::sleep(Duration::from_micros(20)),
-                        _ => std::thread::sleep(Duration::from_micros(200)),
+                        40_001..=90_000 => std::thread::park_timeout(Duration::from_micros(20)),
+                        _ => std::thread::park_timeout(Duration::from_micros(200)),
                     }
                 }
             });
         match started {
-            Ok(_) => self.driven.store(true, Ordering::Relaxed),
-            Err(e) => tracing::warn!("no progress thread ({e}); NCCL's calls drive progress"),
+            Ok(handle) => {
+                self.handoff.set_worker(handle.thread().clone());
+                *self.progress_thread.lock() = Some(ProgressThread { stop, handle });
+                self.driven.store(true, Ordering::Relaxed);
+                true
+            }
+            Err(e) => {
+                tracing::warn!("no progress thread ({e}); NCCL's calls drive progress");
+                false
+            }
         }
     }
 
-    /// Reads completions and records them in their ops; returns how many it read. Errors of
-    /// the queue itself are returned; a failed operation is recorded in its op.
+    /// Reads completions and records them in their ops; returns how many it read.
     pub fn progress(&self) -> Result<usize> {
-        let mut total = 0;
-        for _ in 0..PROGRESS_ROUNDS {
-            let n = self.ep.poll(
-                // SAFETY: every operation on our endpoints is posted with an `Op` context that
-                // lives until its completion is read (see `retire`).
-                |c| unsafe { Op::complete(&c) },
-                // SAFETY: as above.
-                |f| unsafe { Op::fail(f) },
-            )?;
-            total += n;
-            if n < crate::endpoint::CQ_BATCH {
-                break;
-            }
-        }
-        Ok(total)
+        progress(&self.ep)
     }
 
     /// Cancels the in-flight ops among `ops` and drives progress until none is in flight or
     /// `timeout` passes. Returns whether all of them are out of the provider's hands.
+    ///
+    /// Ops still queued for the progress thread are withdrawn; one the thread was posting
+    /// meanwhile is cancelled on a later round (cancels repeat every few milliseconds).
     pub fn retire<'a>(&self, ops: impl Iterator<Item = &'a Op> + Clone, timeout: Duration) -> bool {
-        for op in ops.clone().filter(|op| op.in_flight()) {
-            // SAFETY: op is one of ours; cancel only looks its context up.
-            unsafe { self.ep.cancel(op.context()) };
-        }
         let deadline = Instant::now() + timeout;
+        let mut next_cancel = Instant::now();
         loop {
+            if Instant::now() >= next_cancel {
+                self.handoff
+                    .withdraw(|queued| ops.clone().any(|op| std::ptr::eq(op, queued)));
+                for op in ops.clone().filter(|op| op.in_flight()) {
+                    // SAFETY: op is one of ours; cancel only looks its context up.
+                    unsafe { self.ep.cancel(op.context()) };
+                }
+                next_cancel = Instant::now() + CANCEL_INTERVAL;
+            }
             if let Err(e) = self.progress() {
                 tracing::warn!("while closing: {e}");
                 return false;
@@ -221,6 +291,26 @@ impl SharedEndpoint {
             std::thread::yield_now();
         }
     }
+}
+
+/// Reads `ep`'s completions and records them in their ops; returns how many it read. Errors
+/// of the queue itself are returned; a failed operation is recorded in its op.
+fn progress(ep: &Endpoint) -> Result<usize> {
+    let mut total = 0;
+    for _ in 0..PROGRESS_ROUNDS {
+        let n = ep.poll(
+            // SAFETY: every operation on our endpoints is posted with an `Op` context that
+            // lives until its completion is read (see `retire`).
+            |c| unsafe { Op::complete(&c) },
+            // SAFETY: as above.
+            |f| unsafe { Op::fail(f) },
+        )?;
+        total += n;
+        if n < crate::endpoint::CQ_BATCH {
+            break;
+        }
+    }
+    Ok(total)
 }
 
 pub fn random_u64() -> u64 {
@@ -284,6 +374,8 @@ pub struct Request {
 pub struct Peer {
     pub addr: sys::fi_addr_t,
     pub who: Identity,
+    /// The nonce of the peer's endpoint where known (a send comm's receiver), else 0.
+    pub endpoint: u64,
 }
 
 /// A send or receive comm (NCCL's sendComm / recvComm).
@@ -408,6 +500,24 @@ impl Comm {
         req.posted.store(len, Ordering::Relaxed);
         *req.posted_at.lock() = Instant::now();
         req.stall_reported.store(false, Ordering::Relaxed);
+        if self.ep.hands_off.load(Ordering::Acquire) {
+            req.op.mark_posted();
+            self.ep.handoff.push(Pending {
+                op: &req.op,
+                kind: match self.dir {
+                    Direction::Send => PendingKind::Send {
+                        dest: self.peer.addr,
+                    },
+                    Direction::Recv => PendingKind::Recv,
+                },
+                buf,
+                len,
+                desc,
+                tag,
+            });
+            *seq = seq.wrapping_add(1);
+            return Ok(Some((req as *const Request).cast_mut()));
+        }
         // SAFETY: the caller keeps `buf` valid until test() reports the request done; the
         // request's Op lives in this comm, which close() only frees once the provider has let
         // go of it.
@@ -468,9 +578,25 @@ impl Comm {
     /// its endpoint: neither its memory nor the endpoint is closed under the provider's feet.
     /// (Closing an endpoint with sends still in flight is not safe either: libfabric 2.1's
     /// shm then crashes in `smr_discard` when the receiving endpoint closes later.)
+    ///
+    /// A send comm whose receiver is an shm endpoint of this same process parks its endpoint
+    /// on the receiver's: shm hands a receiver in the same process a pointer into the sending
+    /// endpoint's memory, and libfabric 2.1 writes there when the receiver closes while it
+    /// still holds messages nobody received (segfault in `smr_discard` if the sender was
+    /// closed first).
     pub fn close(self: Box<Self>) {
         let ops = self.requests.iter().map(|r| &r.op);
         if self.ep.retire(ops, self.limits.close) {
+            if self.dir == Direction::Send && self.ep.shares_memory && self.peer.who == self.ep.me {
+                let receiver = ENDPOINTS
+                    .lock()
+                    .as_ref()
+                    .and_then(|m| m.get(&self.peer.endpoint))
+                    .and_then(Weak::upgrade);
+                if let Some(receiver) = receiver {
+                    receiver.park(&self.ep);
+                }
+            }
             drop(self);
         } else {
             tracing::warn!(

@@ -193,6 +193,7 @@ impl ListenComm {
                         peer: Peer {
                             addr,
                             who: msg.sender,
+                            endpoint: 0,
                         },
                         sender_id: msg.sender_id,
                     };
@@ -392,6 +393,7 @@ fn advance(c: &mut Connecting, plugin: &Plugin) -> Result<Option<Box<Comm>>> {
                 let peer = Peer {
                     addr: c.listener,
                     who: ack.receiver,
+                    endpoint: c.handle.nonce,
                 };
                 let comm = Comm::new(
                     Direction::Send,

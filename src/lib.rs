@@ -17,6 +17,7 @@ pub mod endpoint;
 pub mod error;
 pub mod exports;
 pub mod fabric;
+pub mod handoff;
 pub mod handshake;
 pub mod host;
 pub mod log;

@@ -69,15 +69,20 @@ impl Op {
     /// completion must not be overwritten. If the provider does not take it, the mark is
     /// undone (no completion can come then).
     pub fn post(&self, post: impl FnOnce(*mut c_void) -> Result<bool>) -> Result<bool> {
-        *self.failure.lock() = None;
-        self.owned_by_provider.store(true, Ordering::Release);
-        self.state.store(POSTED, Ordering::Release);
+        self.mark_posted();
         let taken = post(self.context());
         if !matches!(taken, Ok(true)) {
             self.state.store(IDLE, Ordering::Release);
             self.owned_by_provider.store(false, Ordering::Release);
         }
         taken
+    }
+    /// Marks the op posted: for [`Op::post`], and for an op queued for the progress thread
+    /// to post (it counts as the provider's from then on, so a close waits for it).
+    pub fn mark_posted(&self) {
+        *self.failure.lock() = None;
+        self.owned_by_provider.store(true, Ordering::Release);
+        self.state.store(POSTED, Ordering::Release);
     }
     pub fn reset(&self) {
         self.state.store(IDLE, Ordering::Release);
@@ -109,6 +114,13 @@ impl Op {
             text,
         });
         self.state.store(FAILED, Ordering::Release);
+    }
+
+    /// Marks an op that never reached the provider failed (its post was refused, or it was
+    /// withdrawn from the progress thread's queue): nobody else will touch it.
+    pub fn abandon(&self, err: i32, text: String) {
+        self.fail_locally(err, text);
+        self.owned_by_provider.store(false, Ordering::Release);
     }
 
     /// Records a completion read from the queue.

@@ -262,6 +262,18 @@ fn two_ranks_on_threads_with_progress_threads() {
     );
 }
 
+/// Progress threads read completions but NCCL's calls post (by default they only queue).
+#[test]
+fn two_ranks_on_threads_with_progress_threads_and_posts_from_the_caller() {
+    for_each_provider(
+        "child_two_ranks_threads",
+        &[
+            ("NCCL_FABRIC_PROGRESS_THREAD", "yes"),
+            ("NCCL_FABRIC_POST_FROM", "caller"),
+        ],
+    );
+}
+
 #[test]
 fn two_ranks_on_threads_with_an_endpoint_per_comm() {
     for_each_provider(
@@ -310,10 +322,22 @@ fn process_pair(child: &str, env: &[(String, String)]) -> (ChildTest, ChildTest)
     (a, b)
 }
 
+/// Provider environments for two-process tests: each provider with NCCL's calls driving
+/// everything, and with progress threads that post and progress.
+fn provider_envs() -> Vec<(String, Vec<(String, String)>)> {
+    let mut out = Vec::new();
+    for p in data_providers() {
+        out.push((p.to_string(), provider_env(p)));
+        let mut threaded = provider_env(p);
+        threaded.push(("NCCL_FABRIC_PROGRESS_THREAD".into(), "yes".into()));
+        out.push((format!("{p} with progress threads"), threaded));
+    }
+    out
+}
+
 #[test]
 fn two_processes() {
-    for p in data_providers() {
-        let env = provider_env(p);
+    for (p, env) in provider_envs() {
         let (a, b) = process_pair("child_process_rank", &env);
         for (name, f) in [("a", a.finish()), ("b", b.finish())] {
             assert!(
@@ -421,7 +445,8 @@ fn sixteen_comm_pairs_at_once() {
 }
 
 /// Shared endpoints spread over lanes: 16 comm pairs on 3 lanes open exactly 3 receiving and
-/// 3 sending endpoints, each with its progress thread, and every byte still arrives.
+/// 3 sending endpoints, each with its progress thread posting what NCCL's calls queued, and
+/// every byte still arrives.
 #[test]
 fn sixteen_comm_pairs_over_three_lanes() {
     for p in data_providers() {
@@ -444,6 +469,11 @@ fn sixteen_comm_pairs_over_three_lanes() {
         );
         let opened = f.stderr.matches("endpoint opened on").count();
         assert_eq!(opened, 6, "endpoints opened over {p}\n{}", f.stderr);
+        let handing_off = f
+            .stderr
+            .matches("its progress thread posts and progresses")
+            .count();
+        assert_eq!(handing_off, 6, "posting threads over {p}\n{}", f.stderr);
     }
 }
 
@@ -782,6 +812,16 @@ fn close_with_requests_in_flight() {
             ("NCCL_FABRIC_ENDPOINTS", "comm"),
         ],
     );
+    // Ops may still sit in the progress thread's queue when their comm closes, and the
+    // progress threads take unmatched messages in (shm then holds a same-process sender's
+    // memory: closing it first crashed libfabric 2.1 when the receiver closed).
+    for_each_provider(
+        "child_close_in_flight",
+        &[
+            ("NCCL_FABRIC_CLOSE_TIMEOUT_MS", "300"),
+            ("NCCL_FABRIC_PROGRESS_THREAD", "yes"),
+        ],
+    );
 }
 
 #[test]
@@ -911,8 +951,7 @@ fn child_survivor() {
 
 #[test]
 fn peer_killed_mid_transfer() {
-    for p in data_providers() {
-        let env = provider_env(p);
+    for (p, env) in provider_envs() {
         let mut survivor = spawn_child("child_survivor", &env, CHILD_TIMEOUT);
         let mut victim = spawn_child("child_victim", &env, CHILD_TIMEOUT);
         let hs = survivor.read_result("handle");
