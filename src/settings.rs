@@ -132,8 +132,9 @@ pub const TABLE: &[Setting] = &[
         name: SPEED_MBPS,
         kind: Kind::Number { min: 0, max: 10_000_000 },
         default: "0",
-        meaning: "link speed reported to NCCL, in Mbps; 0 = from the provider's link attributes, \
-                  or 100000 when it reports none",
+        meaning: "link speed reported to NCCL, in Mbps (NCCL sizes its channel count by it); 0 = \
+                  from the provider's link attributes, or when it reports none 400000 for shm \
+                  and sm2 and 100000 otherwise",
     },
     Setting {
         name: ALLOW_TCP_RDM,

@@ -137,6 +137,7 @@ fn child_report() {
     println!("RESULT names={}", names.join(","));
     let first = lib.properties(0).expect("getProperties");
     println!("RESULT ptr_support={}", first.ptr_support);
+    println!("RESULT speed={}", first.speed);
     println!(
         "RESULT pci_path={}",
         first.pci_path.unwrap_or_else(|| "NULL".into())
@@ -187,6 +188,10 @@ fn shm_devices_and_properties() {
     assert_eq!(f.result("devices").as_deref(), Some("1"));
     assert_eq!(f.result("names").as_deref(), Some("shm"));
     assert_eq!(f.result("ptr_support").as_deref(), Some("1"));
+    // No link to report: shared memory is announced as 400 Gb/s, so NCCL opens 4 channels.
+    assert_eq!(f.result("speed").as_deref(), Some("400000"));
+    let set = report(&[("FI_PROVIDER", "shm"), ("NCCL_FABRIC_SPEED_MBPS", "25000")]);
+    assert_eq!(set.result("speed").as_deref(), Some("25000"));
 }
 
 #[test]
