@@ -10,7 +10,8 @@
 #   doctor       the plugin's provider report on this machine (libfabric with CUDA)
 #   loading      NCCL_NET_PLUGIN=<path>, NCCL_NET_PLUGIN=fabric and LD_PRELOAD, INFO/TRACE lines
 #   allreduce    all_reduce_perf: Socket, tcp;ofi_rxm, shm
-#   variants     all_reduce_perf with 1 lane, one domain, shm's endpoints shared; native tcp refused
+#   variants     all_reduce_perf with posts from NCCL's thread, 1 lane, one domain, shm at 2 channels,
+#                shm's endpoints shared; native tcp refused
 #   collectives  all_reduce, all_gather, sendrecv, alltoall: Socket, tcp;ofi_rxm, native tcp, shm
 #   mpi          all_reduce_perf as 2 processes (mpirun): Socket, tcp;ofi_rxm, native tcp, shm
 #   torch        torch.distributed all-reduce, 2 processes (torchrun), result checked
@@ -179,10 +180,13 @@ stage_allreduce() {
 
 stage_variants() {
   plugin_env
-  table_header "all_reduce_perf variants: lanes, domains, endpoint sharing; native tcp refused"
+  table_header "all_reduce_perf variants: posting thread, lanes, domains, channels, endpoint sharing; native tcp refused"
+  run rxm-caller-all_reduce all_reduce_perf $(fabric) NCCL_FABRIC_PROVIDER="tcp;ofi_rxm" NCCL_FABRIC_POST_FROM=caller
   run rxm-1lane-all_reduce all_reduce_perf $(fabric) NCCL_FABRIC_PROVIDER="tcp;ofi_rxm" NCCL_FABRIC_LANES=1
   run rxm-onedomain-all_reduce all_reduce_perf $(fabric) NCCL_FABRIC_PROVIDER="tcp;ofi_rxm" \
     NCCL_FABRIC_LANES=1 NCCL_FABRIC_DOMAIN_PER_ENDPOINT=no
+  run shm-caller-all_reduce all_reduce_perf $(fabric) NCCL_FABRIC_PROVIDER=shm NCCL_FABRIC_POST_FROM=caller
+  run shm-100g-all_reduce all_reduce_perf $(fabric) NCCL_FABRIC_PROVIDER=shm NCCL_FABRIC_SPEED_MBPS=100000
   run shm-device-all_reduce all_reduce_perf $(fabric) NCCL_FABRIC_PROVIDER=shm NCCL_FABRIC_ENDPOINTS=device
   run tcp-refused all_reduce_perf $(fabric) NCCL_FABRIC_PROVIDER=tcp
   grep -h "NET/Fabric\|NET plugin" "$OUT/logs/tcp-refused.log" | cut -c1-400 | head -n 4 >"$OUT/tcp-refused.txt"
