@@ -7,7 +7,7 @@
 //! the 8-byte half round trip, and plugin/raw ratios.
 
 use nccl_net_fabric::discover::discover;
-use nccl_net_fabric::endpoint::Endpoint;
+use nccl_net_fabric::endpoint::{Endpoint, Event, Queue};
 use nccl_net_fabric::fabric::{runtime_version, version_string, Domain, Fabric};
 use nccl_net_fabric::host::{PluginLib, Ptr};
 use nccl_net_fabric::nccl::PTR_HOST;
@@ -158,7 +158,7 @@ impl Side for PluginSide<'_> {
 // Raw libfabric: tagged send/recv between two endpoints, completions polled directly.
 
 struct RawSide {
-    ep: Arc<Endpoint>,
+    queue: parking_lot::Mutex<Queue>,
     peer: u64,
     send: bool,
     ops: Vec<Op>,
@@ -166,24 +166,26 @@ struct RawSide {
 }
 
 impl RawSide {
-    fn new(ep: Arc<Endpoint>, peer: u64, send: bool) -> Self {
+    fn new(queue: Queue, peer: u64, send: bool) -> Self {
         RawSide {
-            ep,
+            queue: parking_lot::Mutex::new(queue),
             peer,
             send,
             ops: (0..IN_FLIGHT).map(|_| Op::default()).collect(),
             next: 0.into(),
         }
     }
-    fn progress(&self) {
-        self.ep
-            .poll(
+    fn progress(&self, queue: &mut Queue) {
+        let mut events = Vec::new();
+        queue.poll(&mut events).expect("fi_cq_read");
+        for e in events {
+            match e {
                 // SAFETY: contexts are this benchmark's Ops, alive until their completion.
-                |c| unsafe { Op::complete(&c) },
+                Event::Done { context, len } => unsafe { &*context.cast::<Op>() }.complete(len),
                 // SAFETY: as above.
-                |f| unsafe { Op::fail(f) },
-            )
-            .expect("fi_cq_read");
+                Event::Failed(f) => unsafe { &*f.context.cast::<Op>() }.fail(f),
+            }
+        }
     }
 }
 
@@ -191,27 +193,46 @@ impl Side for RawSide {
     fn post(&self, slot: usize, buf: *mut u8, len: usize) -> Option<usize> {
         let op = &self.ops[slot];
         let tag = self.next.load(std::sync::atomic::Ordering::Relaxed);
+        let mut queue = self.queue.lock();
+        op.mark_queued();
         // SAFETY: the buffer and op stay valid until done() saw the completion.
-        let ok = op
-            .post(|ctx| unsafe {
-                if self.send {
-                    self.ep
-                        .tsend(buf.cast(), len, std::ptr::null_mut(), self.peer, tag, ctx)
-                } else {
-                    self.ep
-                        .trecv(buf.cast(), len, std::ptr::null_mut(), tag, ctx)
-                }
-            })
-            .expect("post");
+        let ok = unsafe {
+            if self.send {
+                queue.send(
+                    buf.cast(),
+                    len,
+                    std::ptr::null_mut(),
+                    self.peer,
+                    tag,
+                    op.context(),
+                )
+            } else {
+                let iov = [libc::iovec {
+                    iov_base: buf.cast(),
+                    iov_len: len,
+                }];
+                queue.recv(
+                    &iov,
+                    &mut [std::ptr::null_mut()],
+                    nccl_net_fabric::sys::ADDR_UNSPEC,
+                    tag,
+                    0,
+                    op.context(),
+                )
+            }
+        }
+        .expect("post");
         if !ok {
-            self.progress();
+            op.reset();
+            self.progress(&mut queue);
             return None;
         }
+        op.mark_posted();
         self.next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         Some(slot)
     }
     fn done(&self, token: usize) -> bool {
-        self.progress();
+        self.progress(&mut self.queue.lock());
         match self.ops[token].status() {
             Status::Done(_) => {
                 self.ops[token].reset();
@@ -223,15 +244,15 @@ impl Side for RawSide {
     }
 }
 
-fn raw_endpoints(settings: &Settings) -> (Arc<Endpoint>, Arc<Endpoint>) {
+fn raw_endpoints(settings: &Settings) -> ((Arc<Endpoint>, Queue), (Arc<Endpoint>, Queue)) {
     let d = discover(settings).expect("discover");
     let decision = decide(&d.candidates, settings);
     let &first = decision.devices.first().expect("a device");
     let info = d.info(first);
     let fabric = Fabric::open(info).expect("fabric");
     let domain = Domain::open(&fabric, info).expect("domain");
-    let a = Arc::new(Endpoint::open(&domain, None).expect("endpoint"));
-    let b = Arc::new(Endpoint::open(&domain, None).expect("endpoint"));
+    let a = Endpoint::open(&domain, None).expect("endpoint");
+    let b = Endpoint::open(&domain, None).expect("endpoint");
     (a, b)
 }
 
@@ -243,14 +264,14 @@ fn run_one(provider: &str) {
     );
 
     // Raw libfabric: a sends to b on one pair of endpoints, b answers on another.
-    let (a, b) = raw_endpoints(&settings);
-    let (a2, b2) = raw_endpoints(&settings);
+    let ((a, aq), (b, bq)) = raw_endpoints(&settings);
+    let ((a2, a2q), (b2, b2q)) = raw_endpoints(&settings);
     let b_addr = a.insert(&b.name).expect("av insert");
     let a2_addr = b2.insert(&a2.name).expect("av insert");
-    let raw_send = RawSide::new(a.clone(), b_addr, true);
-    let raw_recv = RawSide::new(b.clone(), 0, false);
-    let raw_back_send = RawSide::new(b2.clone(), a2_addr, true);
-    let raw_back_recv = RawSide::new(a2.clone(), 0, false);
+    let raw_send = RawSide::new(aq, b_addr, true);
+    let raw_recv = RawSide::new(bq, 0, false);
+    let raw_back_send = RawSide::new(b2q, a2_addr, true);
+    let raw_back_recv = RawSide::new(a2q, 0, false);
 
     // The plugin through its table.
     let lib = PluginLib::open(&PluginLib::default_path()).expect("load plugin");

@@ -13,5 +13,6 @@
 #include <rdma/fi_cm.h>
 #include <rdma/fi_tagged.h>
 #include <rdma/fi_errno.h>
+#include <rdma/fi_rma.h>
 
 #endif

@@ -1,90 +1,37 @@
 //! listen / connect / accept as state machines that never block: every call advances them
 //! and returns "not yet" (`Ok(None)`) until the comm is established.
 //!
-//! A connect in progress is kept by the plugin, keyed by the handle's (nonce, listen id), so
-//! nothing it needs lives only in NCCL's handle buffer.
+//! ```text
+//! listen : a random token registered on the device's control endpoint; the handle names both
+//! connect: [open a sending lane] → CONNECT to the handle's control endpoint → wait for ACK
+//! accept : wait for CONNECT → [open a receiving lane] → ACK → wait until the ACK went out
+//! ```
+//! A connect in progress lives in the device's table, keyed by the handle, so nothing it needs
+//! lives only in NCCL's handle buffer; one NCCL stops calling for is reclaimed. Between two
+//! ranks of this process the messages are handed over directly. No lock shared between
+//! connects is held while libfabric is called.
 
-use crate::comm::{Comm, Direction, Limits, Peer, Role, SharedEndpoint};
+use crate::comm::{Comm, Direction, PeerInfo};
+use crate::control::{self, Answer, Control, Incoming, ListenSlot, LocalConnect, Peer, Sent};
+use crate::device::{ConnectEntry, Connecting, Device};
 use crate::error::{Error, Result};
-use crate::handshake::{Ack, Connect, Handle, MSG_SIZE};
+use crate::handshake::{Handle, Kind, Record};
+use crate::lane::{Lane, Role};
 use crate::nccl::NET_HANDLE_MAXSIZE;
-use crate::op::{Op, Status};
 use crate::plugin::Plugin;
-use crate::tags;
 use parking_lot::Mutex;
-use std::collections::HashMap;
-use std::ffi::c_void;
-use std::sync::{Arc, LazyLock};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-const LISTEN_MAGIC: u64 = 0x4e46_4142_4c49_5354; // "NFABLIST"
-
-/// A control message buffer with the op that carries it.
-struct Message {
-    op: Op,
-    /// Written only while the op is not posted; the provider reads or writes it otherwise.
-    buf: Box<Mutex<[u8; MSG_SIZE]>>,
-}
-
-impl Message {
-    fn new() -> Self {
-        Message {
-            op: Op::default(),
-            buf: Box::new(Mutex::new([0; MSG_SIZE])),
-        }
-    }
-    fn ptr(&self) -> *mut c_void {
-        self.buf.data_ptr().cast()
-    }
-    fn post_recv(&self, ep: &SharedEndpoint, tag: u64) -> Result<bool> {
-        // SAFETY: buf and op live in a heap object (listen comm or connect state) that is only
-        // freed after `retire` saw the op leave the provider.
-        self.op.post(|ctx| unsafe {
-            ep.ep
-                .trecv(self.ptr(), MSG_SIZE, std::ptr::null_mut(), tag, ctx)
-        })
-    }
-    fn post_send(
-        &self,
-        ep: &SharedEndpoint,
-        dest: crate::sys::fi_addr_t,
-        tag: u64,
-    ) -> Result<bool> {
-        // SAFETY: as in post_recv.
-        self.op.post(|ctx| unsafe {
-            ep.ep
-                .tsend(self.ptr(), MSG_SIZE, std::ptr::null_mut(), dest, tag, ctx)
-        })
-    }
-    /// The op's outcome as a Result; `what` names it in errors.
-    fn outcome(&self, what: &str) -> Result<Option<usize>> {
-        match self.op.status() {
-            Status::Done(n) => Ok(Some(n)),
-            Status::Failed => {
-                let f = self.op.failure();
-                Err(Error::Remote(format!(
-                    "{what} failed: {}",
-                    f.map_or_else(
-                        || "unknown error".into(),
-                        |f| format!("{} (err {})", f.text, f.err)
-                    )
-                )))
-            }
-            _ => Ok(None),
-        }
-    }
-}
+/// How long after NCCL's last call a connect in progress is reclaimed, beyond its timeout.
+const ABANDONED_AFTER: Duration = Duration::from_secs(2);
 
 enum AcceptState {
-    /// The CONNECT receive could not be posted yet (EAGAIN).
-    NeedPost,
     WaitConnect,
-    SendAck {
-        peer: Peer,
-        sender_id: u64,
-    },
-    WaitAck {
-        peer: Peer,
+    /// The ACK is on its way to a peer in another process.
+    WaitAckSent {
+        comm: Arc<Comm>,
+        sent: Arc<Sent>,
         deadline: Instant,
     },
     Done,
@@ -92,147 +39,120 @@ enum AcceptState {
 
 /// NCCL's listenComm: serves one accept.
 pub struct ListenComm {
-    magic: u64,
-    ep: Arc<SharedEndpoint>,
-    id: u64,
-    connect: Message,
-    ack: Message,
+    device: usize,
+    control: Arc<Control>,
+    token: u64,
+    slot: Arc<ListenSlot>,
     state: Mutex<AcceptState>,
     timeout: Duration,
-    limits: Limits,
 }
 
-/// `listen`: publish a handle and post the receive for the peer's CONNECT.
+impl crate::opaque::Kind for ListenComm {
+    const MAGIC: u64 = 0x4e46_4142_4c49_5332; // "NFABLIS2"
+    const NAME: &'static str = "listenComm";
+}
+
+/// `listen`: publish a handle naming the device's control endpoint and a fresh token.
 pub fn listen(
     plugin: &Plugin,
     dev: i32,
     handle: &mut [u8; NET_HANDLE_MAXSIZE],
-) -> Result<Box<ListenComm>> {
+) -> Result<ListenComm> {
     let device = plugin.device(dev)?;
-    let ep = SharedEndpoint::for_device(plugin, device, Role::Receiving)?;
-    let id = ep.next_id();
+    let control = device.control()?;
+    let token = crate::random::u64();
     Handle {
-        listen_id: id,
-        nonce: ep.nonce,
-        owner: ep.me,
-        addr: ep.ep.name.clone(),
+        token,
+        nonce: control.nonce,
+        owner: control.me,
+        addr: control.address.clone(),
     }
     .write(handle)?;
-    let listen = Box::new(ListenComm {
-        magic: LISTEN_MAGIC,
-        ep,
-        id,
-        connect: Message::new(),
-        ack: Message::new(),
-        state: Mutex::new(AcceptState::NeedPost),
+    let slot = control.listen(token);
+    tracing::debug!("listening on device {dev}, token {token:#x}");
+    Ok(ListenComm {
+        device: device.index,
+        control,
+        token,
+        slot,
+        state: Mutex::new(AcceptState::WaitConnect),
         timeout: Duration::from_millis(plugin.settings.connect_timeout_ms),
-        limits: Limits::from_settings(&plugin.settings),
-    });
-    let posted = listen
-        .connect
-        .post_recv(&listen.ep, listen.ep.tags.control(id, tags::CONNECT))?;
-    if posted {
-        *listen.state.lock() = AcceptState::WaitConnect;
-    }
-    tracing::debug!("listening on device {dev}, listen id {id}");
-    Ok(listen)
+    })
+}
+
+/// Makes a comm on `lane`, giving the lane's user back if that fails.
+fn comm_on(
+    lane: Arc<Lane>,
+    dir: Direction,
+    id: u64,
+    addr: &[u8],
+    who: crate::handshake::Identity,
+    liveness: Arc<Peer>,
+    plugin: &Plugin,
+) -> Result<Arc<Comm>> {
+    let addr = match lane.peer(addr) {
+        Ok(a) => a,
+        Err(e) => {
+            lane.release_user();
+            return Err(e);
+        }
+    };
+    let stall = plugin.settings.stall_warn_ms;
+    Ok(Comm::new(
+        dir,
+        lane,
+        id,
+        PeerInfo {
+            addr,
+            who,
+            liveness,
+        },
+        (stall > 0).then(|| Duration::from_millis(stall)),
+    ))
 }
 
 impl ListenComm {
-    /// # Safety
-    /// `p` must be NULL or point to readable memory of at least a `u64`.
-    pub unsafe fn from_ptr<'a>(p: *mut c_void) -> Result<&'a ListenComm> {
-        // SAFETY: readable per the caller; the magic tells ours from anything else.
-        let l = unsafe { p.cast::<ListenComm>().as_ref() }
-            .ok_or_else(|| Error::InvalidArgument("NULL listenComm".into()))?;
-        if l.magic != LISTEN_MAGIC {
-            return Err(Error::InvalidArgument(
-                "listenComm pointer is not a nccl-net-fabric listen comm".into(),
-            ));
-        }
-        Ok(l)
-    }
-
     /// `accept`: `Ok(Some(comm))` once the peer's CONNECT arrived and our ACK went out.
-    pub fn accept(&self) -> Result<Option<Box<Comm>>> {
+    pub fn accept(&self, plugin: &Plugin) -> Result<Option<Arc<Comm>>> {
+        control::hurry();
         let mut state = self.state.lock();
-        self.ep.drive()?;
         loop {
             match &*state {
-                AcceptState::NeedPost => {
-                    if !self
-                        .connect
-                        .post_recv(&self.ep, self.ep.tags.control(self.id, tags::CONNECT))?
-                    {
-                        return Ok(None);
-                    }
-                    *state = AcceptState::WaitConnect;
-                }
                 AcceptState::WaitConnect => {
-                    if self
-                        .connect
-                        .outcome("receiving the peer's CONNECT")?
-                        .is_none()
-                    {
+                    let Some(incoming) = self.slot.take() else {
                         return Ok(None);
-                    }
-                    let msg = Connect::read(&self.connect.buf.lock()[..])?;
-                    if msg.nonce != self.ep.nonce {
-                        return Err(Error::Remote(
-                            "CONNECT names another endpoint (stale handle?)".into(),
-                        ));
-                    }
-                    let addr = self.ep.peer(&msg.sender_addr)?;
-                    Ack {
-                        nonce: self.ep.nonce,
-                        receiver: self.ep.me,
-                    }
-                    .write(&mut self.ack.buf.lock());
-                    // The ACK goes to the id the sender listens on.
-                    *state = AcceptState::SendAck {
-                        peer: Peer {
-                            addr,
-                            who: msg.sender,
-                            endpoint: 0,
-                        },
-                        sender_id: msg.sender_id,
                     };
-                }
-                AcceptState::SendAck { peer, sender_id } => {
-                    if !self.ack.post_send(
-                        &self.ep,
-                        peer.addr,
-                        self.ep.tags.control(*sender_id, tags::ACK),
-                    )? {
-                        return Ok(None);
-                    }
-                    *state = AcceptState::WaitAck {
-                        peer: peer.clone(),
+                    let (comm, sent) = self.answer(plugin, incoming)?;
+                    *state = AcceptState::WaitAckSent {
+                        comm,
+                        sent,
                         deadline: Instant::now() + self.timeout,
                     };
                 }
-                AcceptState::WaitAck { peer, deadline } => {
-                    if self.ack.outcome("sending ACK to the peer")?.is_none() {
-                        if Instant::now() > *deadline {
-                            return Err(Error::Remote(format!(
-                                "the peer (pid {}) did not take our ACK within {} ms",
-                                peer.who.pid,
+                AcceptState::WaitAckSent {
+                    comm,
+                    sent,
+                    deadline,
+                } => match sent.outcome() {
+                    None if Instant::now() < *deadline => return Ok(None),
+                    outcome => {
+                        let comm = comm.clone();
+                        *state = AcceptState::Done;
+                        let why = match outcome {
+                            Some(Ok(())) => {
+                                tracing::debug!("accepted: {}", comm.peer_text());
+                                return Ok(Some(comm));
+                            }
+                            Some(Err(e)) => format!("sending the ACK failed: {e}"),
+                            None => format!(
+                                "the ACK was not delivered within {} ms",
                                 self.timeout.as_millis()
-                            )));
-                        }
-                        return Ok(None);
+                            ),
+                        };
+                        comm.close();
+                        return Err(Error::Remote(why));
                     }
-                    let comm = Comm::new(
-                        Direction::Recv,
-                        self.ep.clone(),
-                        self.id,
-                        peer.clone(),
-                        self.limits,
-                    );
-                    *state = AcceptState::Done;
-                    tracing::debug!("accepted: {}", comm.peer_text());
-                    return Ok(Some(comm));
-                }
+                },
                 AcceptState::Done => {
                     return Err(Error::InvalidArgument(
                         "accept called again on a listen comm that already accepted".into(),
@@ -242,169 +162,202 @@ impl ListenComm {
         }
     }
 
+    /// Makes the receive comm for a CONNECT and sends the ACK: directly to a connect of this
+    /// process (then the returned `Sent` is already done), else through the control thread.
+    /// If that fails, the connector is told so (NACK) rather than left to time out.
+    fn answer(&self, plugin: &Plugin, incoming: Incoming) -> Result<(Arc<Comm>, Arc<Sent>)> {
+        let conn = incoming.connect.b;
+        let reply_to = incoming.connect.fields.first().cloned().unwrap_or_default();
+        let local_reply = incoming.local.as_ref().map(|l| l.reply.clone());
+        self.build(plugin, incoming)
+            .inspect_err(|e| match &local_reply {
+                Some(reply) => reply.answer(Answer::Refused(e.to_string())),
+                None if !reply_to.is_empty() => {
+                    let nack = Record {
+                        kind: Kind::Nack,
+                        a: conn,
+                        b: 0,
+                        who: self.control.me,
+                        fields: vec![e.to_string().into_bytes().into_iter().take(120).collect()],
+                    };
+                    self.control.send_answer(&reply_to, nack);
+                }
+                None => {}
+            })
+    }
+
+    fn build(&self, plugin: &Plugin, incoming: Incoming) -> Result<(Arc<Comm>, Arc<Sent>)> {
+        const WHAT: &str = "CONNECT";
+        let r = &incoming.connect;
+        let reply_to = r.field(0, WHAT)?.to_vec();
+        let data_addr = r.field(1, WHAT)?.to_vec();
+        let device: &Device = &plugin.devices[self.device];
+        let lane = device.lanes.acquire(Role::Receiving)?;
+        let id = lane.next_id();
+        let liveness = match incoming.local {
+            Some(_) => Peer::local(),
+            None => self.control.peer(&reply_to),
+        };
+        let receiver = Arc::downgrade(&lane.endpoint);
+        let name = lane.endpoint.name.clone();
+        let comm = comm_on(
+            lane,
+            Direction::Recv,
+            id,
+            &data_addr,
+            r.who,
+            liveness,
+            plugin,
+        )?;
+        let ack = Record {
+            kind: Kind::Ack,
+            a: r.b,
+            b: id,
+            who: self.control.me,
+            fields: vec![name],
+        };
+        let sent = match incoming.local {
+            Some(LocalConnect { reply, .. }) => {
+                reply.answer(Answer::Ack {
+                    record: ack,
+                    receiver: Some(receiver),
+                });
+                Sent::delivered()
+            }
+            None => self.control.send_answer(&reply_to, ack),
+        };
+        Ok((comm, sent))
+    }
+
     /// `closeListen`.
-    pub fn close(self: Box<Self>) {
-        let ops = [&self.connect.op, &self.ack.op];
-        if self.ep.retire(ops.into_iter(), self.limits.close) {
-            drop(self);
-        } else {
-            tracing::warn!("closing a listen comm: its control messages are still in flight; keeping their memory");
-            Box::leak(self);
-        }
+    pub fn close(self) {
+        self.control.unlisten(self.token);
     }
 }
-
-enum ConnectState {
-    NeedAckRecv,
-    NeedConnectSend,
-    Wait,
-}
-
-/// A connect in progress.
-struct Connecting {
-    ep: Arc<SharedEndpoint>,
-    handle: Handle,
-    listener: crate::sys::fi_addr_t,
-    sender_id: u64,
-    connect: Message,
-    ack: Message,
-    state: ConnectState,
-    deadline: Instant,
-}
-
-/// Connects in progress, keyed by the handle's (nonce, listen id).
-type ConnectKey = (u64, u64);
-static CONNECTING: LazyLock<Mutex<HashMap<ConnectKey, Box<Connecting>>>> =
-    LazyLock::new(|| Mutex::new(HashMap::new()));
 
 /// `connect`: `Ok(Some(comm))` once the listener acknowledged; `Ok(None)`: call again.
 pub fn connect(
     plugin: &Plugin,
     dev: i32,
     raw: &[u8; NET_HANDLE_MAXSIZE],
-) -> Result<Option<Box<Comm>>> {
+) -> Result<Option<Arc<Comm>>> {
     let handle = Handle::read(raw)?;
-    let key = (handle.nonce, handle.listen_id);
-    let mut map = CONNECTING.lock();
-    if let std::collections::hash_map::Entry::Vacant(slot) = map.entry(key) {
-        let device = plugin.device(dev)?;
-        let ep = SharedEndpoint::for_device(plugin, device, Role::Sending)?;
-        let listener = ep.peer(&handle.addr).map_err(|e| {
-            Error::InvalidArgument(format!(
-                "the handle's address was rejected by {}: {e}",
-                device.candidate.provider
-            ))
-        })?;
-        let sender_id = ep.next_id();
-        let c = Connecting {
-            connect: Message::new(),
-            ack: Message::new(),
-            state: ConnectState::NeedAckRecv,
-            deadline: Instant::now() + Duration::from_millis(plugin.settings.connect_timeout_ms),
-            handle,
-            listener,
-            sender_id,
-            ep,
-        };
-        Connect {
-            nonce: c.handle.nonce,
-            sender_id,
-            sender: c.ep.me,
-            sender_addr: c.ep.ep.name.clone(),
-        }
-        .write(&mut c.connect.buf.lock());
-        slot.insert(Box::new(c));
-    }
-    let c = map.get_mut(&key).expect("inserted above");
-    let result = advance(c, plugin);
-    match result {
-        Ok(None) => Ok(None),
-        Ok(Some(comm)) => {
-            map.remove(&key);
-            Ok(Some(comm))
-        }
-        Err(e) => {
-            let c = map.remove(&key).expect("present");
-            drop(map);
-            let timeout = Duration::from_millis(plugin.settings.close_timeout_ms);
-            if !c.ep.retire([&c.connect.op, &c.ack.op].into_iter(), timeout) {
-                // Still in the provider's hands: keep the memory and the endpoint.
-                Box::leak(c);
-            }
-            Err(e)
+    let device = plugin.device(dev)?;
+    control::hurry();
+    let timeout = Duration::from_millis(plugin.settings.connect_timeout_ms);
+    device.reclaim_connects(timeout + ABANDONED_AFTER);
+    let key = (handle.token, handle.nonce);
+    let entry = device
+        .connects
+        .lock()
+        .entry(key)
+        .or_insert_with(|| {
+            Arc::new(ConnectEntry {
+                state: Mutex::new(Connecting {
+                    handle,
+                    conn: crate::random::u64(),
+                    lane: None,
+                    control: None,
+                    slot: Arc::default(),
+                    sent: false,
+                    deadline: Instant::now() + timeout,
+                }),
+                last_call: Mutex::new(Instant::now()),
+            })
+        })
+        .clone();
+    *entry.last_call.lock() = Instant::now();
+    let result = advance(&mut entry.state.lock(), device, plugin);
+    if !matches!(result, Ok(None)) {
+        let mut connects = device.connects.lock();
+        if connects.get(&key).is_some_and(|e| Arc::ptr_eq(e, &entry)) {
+            connects.remove(&key);
         }
     }
+    result
 }
 
-fn advance(c: &mut Connecting, plugin: &Plugin) -> Result<Option<Box<Comm>>> {
-    c.ep.drive()?;
-    let gone = |c: &Connecting| {
-        if Instant::now() > c.deadline {
-            return Some(Error::Remote(format!(
-                "the listener (pid {}) did not answer within {} ms: it exited, closed its listen \
-                 comm, or the handle is stale (raise NCCL_FABRIC_CONNECT_TIMEOUT_MS if peers are \
-                 just slow)",
-                c.handle.owner.pid, plugin.settings.connect_timeout_ms
-            )));
+fn advance(c: &mut Connecting, device: &Device, plugin: &Plugin) -> Result<Option<Arc<Comm>>> {
+    if Instant::now() > c.deadline {
+        return Err(Error::Remote(format!(
+            "the listener ({}) did not answer within {} ms: it exited, closed its listen comm, \
+             or the handle is stale (raise NCCL_FABRIC_CONNECT_TIMEOUT_MS if peers are just \
+             slow)",
+            crate::handshake::Identity::current().describe(&c.handle.owner),
+            plugin.settings.connect_timeout_ms
+        )));
+    }
+    // Step 1: a sending lane (opening its endpoint if it is the first on its turn).
+    let lane = match &c.lane {
+        Some(l) => l.clone(),
+        None => {
+            let l = device.lanes.acquire(Role::Sending)?;
+            c.lane = Some(l.clone());
+            l
         }
-        if c.ep.me.same_host(&c.handle.owner)
-            && !crate::handshake::process_alive(c.handle.owner.pid)
-        {
-            return Some(Error::Remote(format!(
-                "the listener process {} exited",
-                c.handle.owner.pid
-            )));
-        }
-        None
     };
-    loop {
-        match c.state {
-            ConnectState::NeedAckRecv => {
-                if !c
-                    .ack
-                    .post_recv(&c.ep, c.ep.tags.control(c.sender_id, tags::ACK))?
-                {
-                    return gone(c).map_or(Ok(None), Err);
-                }
-                c.state = ConnectState::NeedConnectSend;
-            }
-            ConnectState::NeedConnectSend => {
-                if !c.connect.post_send(
-                    &c.ep,
-                    c.listener,
-                    c.ep.tags.control(c.handle.listen_id, tags::CONNECT),
-                )? {
-                    return gone(c).map_or(Ok(None), Err);
-                }
-                c.state = ConnectState::Wait;
-            }
-            ConnectState::Wait => {
-                let sent = c.connect.outcome("sending CONNECT to the listener")?;
-                let acked = c.ack.outcome("receiving the listener's ACK")?;
-                if sent.is_none() || acked.is_none() {
-                    return gone(c).map_or(Ok(None), Err);
-                }
-                let ack = Ack::read(&c.ack.buf.lock()[..])?;
-                if ack.nonce != c.handle.nonce {
-                    return Err(Error::Remote(
-                        "ACK from another endpoint than the handle names".into(),
-                    ));
-                }
-                let peer = Peer {
-                    addr: c.listener,
-                    who: ack.receiver,
-                    endpoint: c.handle.nonce,
-                };
-                let comm = Comm::new(
-                    Direction::Send,
-                    c.ep.clone(),
-                    c.handle.listen_id,
-                    peer,
-                    Limits::from_settings(&plugin.settings),
-                );
-                tracing::debug!("connected: {}", comm.peer_text());
-                return Ok(Some(comm));
-            }
+    let control = match &c.control {
+        Some(k) => k.clone(),
+        None => {
+            let k = device.control()?;
+            c.control = Some(k.clone());
+            k
+        }
+    };
+    let local = c.handle.nonce == control.nonce;
+    // Step 2: CONNECT.
+    if !c.sent {
+        let connect = Record {
+            kind: Kind::Connect,
+            a: c.handle.token,
+            b: c.conn,
+            who: control.me,
+            fields: vec![control.address.clone(), lane.endpoint.name.clone()],
+        };
+        c.sent = true;
+        if local {
+            let incoming = Incoming {
+                connect,
+                local: Some(LocalConnect {
+                    reply: c.slot.clone(),
+                    sender: Arc::downgrade(&lane.endpoint),
+                }),
+            };
+            control
+                .connect_locally(c.handle.token, incoming)
+                .map_err(Error::Remote)?;
+        } else {
+            control.send_connect(&c.handle.addr, connect, c.slot.clone());
         }
     }
+    // Step 3: the answer.
+    let (ack, receiver) = match c.slot.take() {
+        None => return Ok(None),
+        Some(Answer::Refused(why)) => {
+            return Err(Error::Remote(format!("connecting failed: {why}")));
+        }
+        Some(Answer::Ack { record, receiver }) => (record, receiver),
+    };
+    let data_addr = ack.field(0, "ACK")?.to_vec();
+    if let Some(r) = receiver {
+        if crate::quirks::sender_waits_for_receiver(&lane.endpoint.provider) {
+            lane.close_after(r);
+        }
+    }
+    let liveness = match local {
+        true => Peer::local(),
+        false => control.peer(&c.handle.addr),
+    };
+    let lane = c.lane.take().expect("set in step 1");
+    let comm = comm_on(
+        lane,
+        Direction::Send,
+        ack.b,
+        &data_addr,
+        ack.who,
+        liveness,
+        plugin,
+    )?;
+    tracing::debug!("connected: {}", comm.peer_text());
+    Ok(Some(comm))
 }

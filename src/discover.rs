@@ -122,6 +122,6 @@ pub fn discover(settings: &Settings) -> Result<Discovery> {
 fn probe(info: crate::fabric::Info<'_>) -> Result<i32> {
     let fabric = Fabric::open(info)?;
     let domain = Domain::open(&fabric, info)?;
-    let ep = Endpoint::open(&domain, None)?;
+    let (ep, _queue) = Endpoint::open(&domain, None)?;
     Ok(ep.cuda_api_answer)
 }

@@ -1,16 +1,21 @@
-//! A tagged `FI_EP_RDM` endpoint with its completion queue and address vector.
+//! A tagged `FI_EP_RDM` endpoint, in two parts:
+//!
+//! - [`Endpoint`], shared (`Arc`): the address vector, the endpoint's own address and
+//!   what was learnt opening it. Any thread may insert peers or bind registrations.
+//! - [`Queue`], owned by exactly one driver (it is `Send` but not `Sync`, and not `Clone`):
+//!   posting, cancelling and reading the completion queue. Whoever holds the `Queue` is the
+//!   only reader of the completion queue, by construction.
 //!
 //! `FI_OPT_CUDA_API_PERMITTED=false` is set on every endpoint before `fi_enable`, and the
-//! answer is kept: it is the evidence the provider policy decides on. Operations carry a
-//! caller-owned `fi_context2` as their context; [`Endpoint::poll`] hands completions back
-//! as those context pointers.
+//! answer is kept: it is the evidence the provider policy decides on.
 
 use crate::error::{check, Error, Result};
-use crate::fabric::{close_fid, Domain, Info, OwnedInfo};
+use crate::fabric::{close_fid, Domain};
 use crate::sys;
+use parking_lot::Mutex;
 use std::ffi::c_void;
 use std::ptr;
-use std::sync::{Arc, OnceLock};
+use std::sync::Arc;
 
 /// Entries read from the completion queue per `fi_cq_read`.
 pub const CQ_BATCH: usize = 32;
@@ -20,79 +25,111 @@ const AV_SIZE: usize = 64;
 /// Return value of `fi_setopt(FI_OPT_CUDA_API_PERMITTED=false)`: 0 or a negative errno.
 pub type SetoptAnswer = i32;
 
-/// One completion: the operation's context and the bytes it moved.
-#[derive(Debug, Clone, Copy)]
-pub struct Completion {
-    pub context: *mut c_void,
-    pub len: usize,
-    pub tag: u64,
+/// Addresses of this process's endpoints whose queue is open now (see
+/// `quirks::names_this_process`). Locked only to look up, add or remove an address.
+static OPEN_HERE: Mutex<Vec<Vec<u8>>> = Mutex::new(Vec::new());
+
+/// Refuses a peer address that names an endpoint of this process that is not open: sending
+/// there hangs some providers (libfabric 2.1 shm).
+pub fn check_peer_address(provider: &str, addr: &[u8]) -> Result<()> {
+    if crate::quirks::names_this_process(provider, addr)
+        && !OPEN_HERE.lock().iter().any(|a| a == addr)
+    {
+        return Err(Error::InvalidArgument(format!(
+            "the address {} names an endpoint of this process that is not open (a stale or \
+             forged handle)",
+            String::from_utf8_lossy(addr).trim_end_matches('\0')
+        )));
+    }
+    Ok(())
+}
+
+/// What the completion queue said about one operation.
+#[derive(Debug, Clone)]
+pub enum Event {
+    /// Finished: bytes moved.
+    Done { context: *mut c_void, len: usize },
+    /// Failed (`fi_cq_readerr`); the context may be NULL (an error of the endpoint itself).
+    Failed(Failure),
 }
 
 /// A failed operation, from `fi_cq_readerr`.
 #[derive(Debug, Clone)]
 pub struct Failure {
     pub context: *mut c_void,
-    /// Positive errno (`FI_ETRUNC`, `FI_ECANCELED`, …).
+    /// Positive errno (`FI_ETRUNC`, `FI_ECANCELED`, …); providers differ in its sign.
     pub err: i32,
     pub prov_errno: i32,
     pub olen: usize,
     pub text: String,
 }
 
-/// For shm, the endpoint's info with a source address no earlier process can have used.
-///
-/// shm names each endpoint's shared-memory file after its source address, by default
-/// `fi_shm://<pid>` plus uid and a per-process counter. A file left in /dev/shm by a process
-/// that died without cleaning up (killed, or crashed) keeps that name; when a later process
-/// gets the same pid, shm finds the pid recorded in the file alive (it is the new process)
-/// and `fi_enable` fails with EBUSY. A random part per process rules the clash out.
-fn shm_name(info: Info<'_>) -> Result<Option<OwnedInfo>> {
-    static NONCE: OnceLock<u64> = OnceLock::new();
-    let default = format!("fi_shm://{}", std::process::id());
-    if info.provider() != "shm" || info.src_addr_str().as_deref() != Some(default.as_str()) {
-        return Ok(None);
-    }
-    let nonce = NONCE.get_or_init(crate::comm::random_u64);
-    info.with_src_addr_str(&format!("{default}-{:08x}", *nonce as u32))
-        .map(Some)
-}
-
+/// The shared part of an endpoint.
 pub struct Endpoint {
-    ep: *mut sys::fid_ep,
     av: *mut sys::fid_av,
-    cq: *mut sys::fid_cq,
+    /// The endpoint's fid, for binding registrations (`FI_MR_ENDPOINT`); valid while the
+    /// [`Queue`] is open, which every holder of a registration ensures.
+    ep_fid: *mut sys::fid,
     /// The answer to `FI_OPT_CUDA_API_PERMITTED=false` on this endpoint.
     pub cuda_api_answer: SetoptAnswer,
     /// This endpoint's address (`fi_getname`).
     pub name: Vec<u8>,
+    pub provider: String,
+    /// Whether receives may carry the overflow area as a second piece (the provider takes two
+    /// pieces and needs no descriptor for host memory).
+    pub overflow: bool,
+    pub max_msg_size: usize,
     pub domain: Arc<Domain>,
+    /// Sending queues of this process that must close after this endpoint (see
+    /// `quirks::sender_waits_for_receiver`); dropped once this endpoint is closed.
+    close_after: Mutex<Vec<Retired>>,
 }
 
 // SAFETY: the plugin asks for FI_THREAD_SAFE, so the provider serialises concurrent calls on
-// these objects itself; the pointers are only closed from Drop, when no other user is left.
+// the address vector itself; the pointers are only closed from Drop, when no user is left.
 unsafe impl Send for Endpoint {}
 // SAFETY: as above.
 unsafe impl Sync for Endpoint {}
 
+/// A queue given up by its driver, with the owners of what it still had in flight: the
+/// queue closes first (fields drop in order), then the owners' memory goes.
+pub struct Retired {
+    pub queue: Queue,
+    pub keep: Vec<Arc<dyn std::any::Any + Send + Sync>>,
+}
+
+/// The driver's part of an endpoint: the endpoint and its completion queue.
+pub struct Queue {
+    ep: *mut sys::fid_ep,
+    cq: *mut sys::fid_cq,
+    shared: Arc<Endpoint>,
+}
+
+// SAFETY: a Queue moves between threads (a lane's progress thread, the control thread) but is
+// used by one at a time: it is not Sync and not Clone.
+unsafe impl Send for Queue {}
+
 impl Endpoint {
     /// Opens, binds and enables an endpoint, setting `FI_OPT_CUDA_API_PERMITTED=false` first.
     ///
-    /// `expected_answer`: fail (`Err`) unless the provider answers exactly this — real
-    /// endpoints of a provider whose probe answer allowed GPU buffers must not answer
-    /// differently later. The probe endpoint passes `None` and only records the answer.
-    pub fn open(domain: &Arc<Domain>, expected_answer: Option<SetoptAnswer>) -> Result<Self> {
-        let renamed = shm_name(domain.info.info())?;
+    /// `expected_answer`: fail unless the provider answers exactly this — real endpoints of
+    /// a provider whose probe answer allowed GPU buffers must not answer differently later.
+    /// The probe endpoint passes `None` and only records the answer.
+    pub fn open(
+        domain: &Arc<Domain>,
+        expected_answer: Option<SetoptAnswer>,
+    ) -> Result<(Arc<Endpoint>, Queue)> {
+        let renamed = crate::quirks::shm_source_name(domain.info.info())?;
         let info = renamed.as_ref().map_or(domain.info.info(), |r| r.info());
-        let mut me = Endpoint {
-            ep: ptr::null_mut(),
-            av: ptr::null_mut(),
-            cq: ptr::null_mut(),
-            cuda_api_answer: 0,
-            name: Vec::new(),
-            domain: domain.clone(),
+        let mut cq: *mut sys::fid_cq = ptr::null_mut();
+        let mut av: *mut sys::fid_av = ptr::null_mut();
+        // Closes what was opened so far if a later step fails.
+        let undo = |cq: *mut sys::fid_cq, av: *mut sys::fid_av| {
+            close_fid("address vector", av.cast());
+            close_fid("completion queue", cq.cast());
         };
-        // SAFETY: domain is open; each out-pointer receives a new object, closed by Drop. The
-        // attribute structs live on the stack for the duration of the calls that read them.
+        // SAFETY: domain is open; each out-pointer receives a new object. The attribute
+        // structs live on the stack for the duration of the calls that read them.
         unsafe {
             let mut cq_attr = sys::fi_cq_attr {
                 size: CQ_SIZE,
@@ -102,31 +139,34 @@ impl Endpoint {
             };
             check(
                 "fi_cq_open",
-                sys::fi_cq_open(domain.raw(), &mut cq_attr, &mut me.cq, ptr::null_mut()),
+                sys::fi_cq_open(domain.raw(), &mut cq_attr, &mut cq, ptr::null_mut()),
             )?;
             let mut av_attr = sys::fi_av_attr {
                 type_: sys::FI_AV_TABLE,
                 count: AV_SIZE,
                 ..Default::default()
             };
-            check(
+            if let Err(e) = check(
                 "fi_av_open",
-                sys::fi_av_open(domain.raw(), &mut av_attr, &mut me.av, ptr::null_mut()),
-            )?;
+                sys::fi_av_open(domain.raw(), &mut av_attr, &mut av, ptr::null_mut()),
+            ) {
+                undo(cq, ptr::null_mut());
+                return Err(e);
+            }
             let mut ep = ptr::null_mut();
-            check(
+            if let Err(e) = check(
                 "fi_endpoint",
                 sys::fi_endpoint(domain.raw(), info.raw() as *mut _, &mut ep, ptr::null_mut()),
-            )?;
-            // Until fi_enable succeeds the endpoint is not stored in `me`: some providers crash
-            // when an endpoint that was never bound or enabled is closed (1.17 tcp;ofi_rxm,
-            // 2.1 sm2), so such an endpoint is left open rather than closed.
+            ) {
+                undo(cq, av);
+                return Err(e);
+            }
             let setup = || -> Result<SetoptAnswer> {
                 check(
                     "fi_ep_bind(cq)",
-                    sys::fi_ep_bind(ep, me.cq.cast(), (sys::FI_TRANSMIT | sys::FI_RECV) as u64),
+                    sys::fi_ep_bind(ep, cq.cast(), (sys::FI_TRANSMIT | sys::FI_RECV) as u64),
                 )?;
-                check("fi_ep_bind(av)", sys::fi_ep_bind(ep, me.av.cast(), 0))?;
+                check("fi_ep_bind(av)", sys::fi_ep_bind(ep, av.cast(), 0))?;
                 let permitted = false;
                 let answer = sys::fi_setopt(
                     &raw mut (*ep).fid,
@@ -144,26 +184,50 @@ impl Endpoint {
                 check("fi_enable", sys::fi_enable(ep))?;
                 Ok(answer)
             };
-            match setup() {
-                Ok(answer) => {
-                    me.ep = ep;
-                    me.cuda_api_answer = answer;
-                }
+            let answer = match setup() {
+                Ok(answer) => answer,
                 Err(e) => {
+                    // The endpoint itself is left open (see quirks); cq and av were never
+                    // used by it and are bound to it, so they stay too.
+                    if crate::quirks::close_unenabled_endpoints() {
+                        close_fid("endpoint", ep.cast());
+                        undo(cq, av);
+                    }
                     tracing::debug!("endpoint setup failed ({e}); the endpoint is left unclosed");
                     return Err(e);
                 }
-            }
+            };
             let mut len = 256usize;
             let mut buf = vec![0u8; len];
-            check(
+            let named = check(
                 "fi_getname",
-                sys::fi_getname(&raw mut (*me.ep).fid, buf.as_mut_ptr().cast(), &mut len),
-            )?;
+                sys::fi_getname(&raw mut (*ep).fid, buf.as_mut_ptr().cast(), &mut len),
+            );
+            if let Err(e) = named {
+                close_fid("endpoint", ep.cast());
+                undo(cq, av);
+                return Err(e);
+            }
             buf.truncate(len);
-            me.name = buf;
+            OPEN_HERE.lock().push(buf.clone());
+            let shared = Arc::new(Endpoint {
+                av,
+                ep_fid: ep.cast(),
+                cuda_api_answer: answer,
+                name: buf,
+                provider: info.provider(),
+                overflow: info.rx_iov_limit() >= 2 && info.mr_mode() & sys::FI_MR_LOCAL as i32 == 0,
+                max_msg_size: info.max_msg_size(),
+                domain: domain.clone(),
+                close_after: Mutex::new(Vec::new()),
+            });
+            let queue = Queue {
+                ep,
+                cq,
+                shared: shared.clone(),
+            };
+            Ok((shared, queue))
         }
-        Ok(me)
     }
 
     /// Inserts a peer address; returns its `fi_addr_t`.
@@ -191,13 +255,37 @@ impl Endpoint {
         Ok(out)
     }
 
+    /// The endpoint's fid, for binding memory registrations (`FI_MR_ENDPOINT`).
+    pub fn fid(&self) -> *mut sys::fid {
+        self.ep_fid
+    }
+
+    /// Keeps `sender` open until this endpoint has closed.
+    pub fn close_before(&self, sender: Retired) {
+        self.close_after.lock().push(sender);
+    }
+}
+
+impl Drop for Endpoint {
+    fn drop(&mut self) {
+        close_fid("address vector", self.av.cast());
+        // Sending queues that waited for this endpoint close now (their Drop).
+        self.close_after.get_mut().clear();
+    }
+}
+
+impl Queue {
+    pub fn endpoint(&self) -> &Arc<Endpoint> {
+        &self.shared
+    }
+
     /// Posts a tagged send. `Ok(false)` means the provider said `-FI_EAGAIN`: try again.
     ///
     /// # Safety
     /// `buf` must stay readable for `len` bytes and `context` must point to an `fi_context2`
-    /// that stays valid until the operation's completion has been read from the queue.
-    pub unsafe fn tsend(
-        &self,
+    /// that stays valid until the operation's completion has been read or the queue closed.
+    pub unsafe fn send(
+        &mut self,
         buf: *const c_void,
         len: usize,
         desc: *mut c_void,
@@ -207,66 +295,60 @@ impl Endpoint {
     ) -> Result<bool> {
         // SAFETY: upheld by the caller as documented above.
         let ret = unsafe { sys::fi_tsend(self.ep, buf, len, desc, dest, tag, context) };
-        if ret == -(sys::FI_EAGAIN as isize) {
-            return Ok(false);
-        }
-        check("fi_tsend", ret as i64).map(|_| true)
+        again_or("fi_tsend", ret)
     }
 
-    /// Posts a tagged receive matching `tag` exactly (`ignore` = 0) from any source.
+    /// Posts a tagged receive of one or more pieces matching `tag` (bits in `ignore` aside)
+    /// from `src` (`ADDR_UNSPEC`: any source).
     ///
     /// # Safety
-    /// As [`Endpoint::tsend`], with `buf` writable.
-    pub unsafe fn trecv(
-        &self,
-        buf: *mut c_void,
-        len: usize,
-        desc: *mut c_void,
+    /// Every piece must stay writable and `context` valid as for [`Queue::send`]; `desc` has
+    /// one entry per piece.
+    pub unsafe fn recv(
+        &mut self,
+        iov: &[libc::iovec],
+        desc: &mut [*mut c_void],
+        src: sys::fi_addr_t,
         tag: u64,
+        ignore: u64,
         context: *mut c_void,
     ) -> Result<bool> {
-        // SAFETY: upheld by the caller as documented above.
-        let ret =
-            unsafe { sys::fi_trecv(self.ep, buf, len, desc, sys::ADDR_UNSPEC, tag, 0, context) };
-        if ret == -(sys::FI_EAGAIN as isize) {
-            return Ok(false);
-        }
-        check("fi_trecv", ret as i64).map(|_| true)
+        debug_assert_eq!(iov.len(), desc.len());
+        // SAFETY: upheld by the caller; iovec and struct iovec share their layout.
+        let ret = unsafe {
+            sys::fi_trecvv(
+                self.ep,
+                iov.as_ptr().cast(),
+                desc.as_mut_ptr(),
+                iov.len(),
+                src,
+                tag,
+                ignore,
+                context,
+            )
+        };
+        again_or("fi_trecv", ret)
     }
 
-    /// Asks the provider to cancel a posted operation (its completion then reports
-    /// `FI_ECANCELED`, or it completes normally if it was already done).
-    ///
-    /// # Safety
-    /// `context` must be a context this crate posted on this endpoint (or one already done).
-    pub unsafe fn cancel(&self, context: *mut c_void) {
-        // SAFETY: ep is open; cancel only looks the context up among posted operations.
-        unsafe { sys::fi_cancel(self.ep.cast(), context) };
+    /// Asks the provider to cancel the posted operation whose context has this address (its
+    /// completion then reports `FI_ECANCELED`, or it completes normally if it was done).
+    pub fn cancel(&mut self, context: usize) {
+        // SAFETY: ep is open; cancel only compares the context with those of posted
+        // operations and never dereferences one it does not know.
+        unsafe { sys::fi_cancel(self.ep.cast(), context as *mut c_void) };
     }
 
-    /// The endpoint's fid, for binding memory registrations (`FI_MR_ENDPOINT`).
-    pub fn fid(&self) -> *mut sys::fid {
-        self.ep.cast()
-    }
-
-    /// Drives progress and reads up to [`CQ_BATCH`] completions, handing each to `done`, or
-    /// one error entry to `failed`. Returns how many entries were read.
-    pub fn poll(
-        &self,
-        mut done: impl FnMut(Completion),
-        failed: impl FnOnce(Failure),
-    ) -> Result<usize> {
+    /// Drives progress and reads up to [`CQ_BATCH`] entries into `out`; returns how many.
+    /// An error of the queue itself is returned; failed operations come back as events.
+    pub fn poll(&mut self, out: &mut Vec<Event>) -> Result<usize> {
         let mut entries = [sys::fi_cq_tagged_entry::default(); CQ_BATCH];
         // SAFETY: cq is open; entries has room for CQ_BATCH tagged entries (the CQ's format).
         let n = unsafe { sys::fi_cq_read(self.cq, entries.as_mut_ptr().cast(), CQ_BATCH) };
         if n > 0 {
-            for e in &entries[..n as usize] {
-                done(Completion {
-                    context: e.op_context,
-                    len: e.len,
-                    tag: e.tag,
-                });
-            }
+            out.extend(entries[..n as usize].iter().map(|e| Event::Done {
+                context: e.op_context,
+                len: e.len,
+            }));
             return Ok(n as usize);
         }
         if n == 0 || n == -(sys::FI_EAGAIN as isize) {
@@ -279,6 +361,10 @@ impl Endpoint {
         // SAFETY: cq is open and reported an error entry; err is a zeroed entry (err_data NULL,
         // so the provider uses its own buffer for the text, valid until the next readerr).
         let r = unsafe { sys::fi_cq_readerr(self.cq, &mut err, 0) };
+        if r == -(sys::FI_EAGAIN as isize) || r == 0 {
+            // Another read took the entry, or it is not ready yet: nothing to report.
+            return Ok(0);
+        }
         if r < 0 {
             return Err(Error::fabric("fi_cq_readerr", r as i64));
         }
@@ -291,22 +377,30 @@ impl Endpoint {
                 std::ffi::CStr::from_ptr(p).to_string_lossy().into_owned()
             }
         };
-        failed(Failure {
+        out.push(Event::Failed(Failure {
             context: err.op_context,
             err: err.err,
             prov_errno: err.prov_errno,
             olen: err.olen,
             text,
-        });
+        }));
         Ok(1)
     }
 }
 
-impl Drop for Endpoint {
+impl Drop for Queue {
     fn drop(&mut self) {
+        let name = &self.shared.name;
+        OPEN_HERE.lock().retain(|a| a != name);
         // The endpoint first (it holds bindings to the queue and the address vector).
         close_fid("endpoint", self.ep.cast());
-        close_fid("address vector", self.av.cast());
         close_fid("completion queue", self.cq.cast());
     }
+}
+
+fn again_or(call: &'static str, ret: isize) -> Result<bool> {
+    if ret == -(sys::FI_EAGAIN as isize) {
+        return Ok(false);
+    }
+    check(call, ret as i64).map(|_| true)
 }

@@ -23,11 +23,13 @@ pub enum Error {
     },
 
     /// A receive buffer smaller than the message sent into it.
-    #[error(
-        "receive of {posted} bytes {peer} was truncated: the sender sent more; NCCL must post \
-         receives at least as large as the matching send"
-    )]
-    Truncated { posted: usize, peer: String },
+    #[error("{}", truncated_text(.posted, .sent, .peer))]
+    Truncated {
+        posted: usize,
+        /// The message's size, when known.
+        sent: Option<usize>,
+        peer: String,
+    },
 
     /// The peer went away or stopped answering.
     #[error("{0}")]
@@ -48,6 +50,18 @@ pub enum Error {
     /// An entry point called before `init`, or a panic caught at the C boundary.
     #[error("{0}")]
     Internal(String),
+}
+
+fn truncated_text(posted: &usize, sent: &Option<usize>, peer: &str) -> String {
+    let sent = match sent {
+        Some(n) => format!("{n} bytes were sent"),
+        None => "the sender sent more".into(),
+    };
+    format!(
+        "receive of {posted} bytes {peer} was truncated: {sent}; NCCL posts receives at least \
+         as large as their sends, so the ranks disagree on buffer sizes (run every rank with \
+         the same NCCL and NCCL_* settings)"
+    )
 }
 
 impl Error {

@@ -178,6 +178,11 @@ impl<'a> Info<'a> {
     pub fn max_msg_size(&self) -> usize {
         self.ep_attr().max_msg_size
     }
+    /// How many pieces one receive may have (`rx_attr->iov_limit`, 1 when unknown).
+    pub fn rx_iov_limit(&self) -> usize {
+        // SAFETY: rx_attr is NULL or valid for the info's life.
+        unsafe { self.raw.rx_attr.as_ref() }.map_or(1, |a| a.iov_limit.max(1))
+    }
     /// Link speed in bits per second, when the provider reports a NIC.
     pub fn link_speed_bps(&self) -> Option<u64> {
         // SAFETY: nic and its attribute pointers are either NULL or valid for the info's life.

@@ -1,30 +1,31 @@
-//! The connection handle NCCL carries between ranks, and the two control messages that
-//! establish a comm pair over an RDM endpoint.
+//! The connection handle NCCL carries between ranks, and the control messages the control
+//! plane exchanges (see `control`).
 //!
 //! ```text
-//! listen   : handle = {magic, version, listener address, listen id, endpoint nonce, host, pid, check}
-//! connect  : CONNECT {listen id, nonce, sender id, sender host/pid, sender address} ──▶ listener
-//! accept   : ◀── ACK {sender id, receiver host/pid}
+//! listen  : handle  {listen token, control nonce, owner host/pid, control address}
+//! connect : CONNECT {listen token, conn id, sender host/pid, sender control + data address} ──▶
+//! accept  : ◀── ACK {conn id, comm id, receiver host/pid, receiver data address}
+//!           ◀── NACK {conn id, reason}   (no such listen comm, or already connected)
+//! liveness: PING {token, reply address} ──▶   ◀── PONG {token}
 //! ```
-//! Data then flows sender → receiver with tags made from the listen id (see `tags`).
 //! Every record is versioned and checksummed; a bad one is an error, never a crash.
 
 use crate::error::{Error, Result};
 use crate::nccl::NET_HANDLE_MAXSIZE;
 
 pub const MAGIC: u32 = 0x4e46_4142; // "NFAB"
-pub const VERSION: u8 = 1;
+pub const VERSION: u8 = 2;
 
-const HANDLE_HEADER: usize = 40;
-/// Longest endpoint address a handle can carry.
-pub const MAX_ADDR: usize = NET_HANDLE_MAXSIZE - HANDLE_HEADER;
-/// Size of a CONNECT/ACK message buffer.
-pub const MSG_SIZE: usize = 64 + 256;
+const HEADER: usize = 40;
+/// Size of a control message buffer.
+pub const MSG_SIZE: usize = 320;
+/// Longest address a record field may carry.
+pub const MAX_ADDR: usize = 128;
 
-/// Which process, on which host: lets a peer on the same host notice when we exit.
+/// Which process, on which host: named in log lines about a peer.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct Identity {
-    /// Hash of the boot id and pid namespace: equal means `pid` can be checked locally.
+    /// Hash of the boot id and pid namespace.
     pub host: u64,
     pub pid: u32,
 }
@@ -52,210 +53,203 @@ impl Identity {
     pub fn same_host(&self, other: &Identity) -> bool {
         self.host == other.host && self.host != 0
     }
+    /// `pid N on this host` / `pid N on another host`, as seen from `self`.
+    pub fn describe(&self, other: &Identity) -> String {
+        if self.same_host(other) {
+            format!("pid {} on this host", other.pid)
+        } else {
+            format!("pid {} on another host", other.pid)
+        }
+    }
 }
 
-/// Whether a process of this host (and pid namespace) still exists.
-pub fn process_alive(pid: u32) -> bool {
-    let Ok(pid) = i32::try_from(pid) else {
-        return true;
-    };
-    // SAFETY: signal 0 only checks whether the process exists; nothing is sent.
-    let r = unsafe { libc::kill(pid, 0) };
-    r == 0 || std::io::Error::last_os_error().raw_os_error() != Some(libc::ESRCH)
+/// Record kinds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[repr(u8)]
+pub enum Kind {
+    Handle = 1,
+    Connect = 2,
+    Ack = 3,
+    Nack = 4,
+    Ping = 5,
+    Pong = 6,
+}
+
+impl Kind {
+    fn from_u8(v: u8) -> Option<Kind> {
+        Some(match v {
+            1 => Kind::Handle,
+            2 => Kind::Connect,
+            3 => Kind::Ack,
+            4 => Kind::Nack,
+            5 => Kind::Ping,
+            6 => Kind::Pong,
+            _ => return None,
+        })
+    }
+}
+
+/// One record: two numbers, the sender, and up to 3 byte fields.
+///
+/// Layout (little endian): magic u32 @0, version u8 @4, kind u8 @5, field count u8 @6,
+/// a u64 @8, b u64 @16, host u64 @24, pid u32 @32, check u32 @36, then each field as a
+/// u16 length and its bytes. The checksum covers the header (check zeroed) and the fields.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Record {
+    pub kind: Kind,
+    pub a: u64,
+    pub b: u64,
+    pub who: Identity,
+    pub fields: Vec<Vec<u8>>,
+}
+
+fn checksum(buf: &[u8]) -> u32 {
+    let mut h = fnv1a(&buf[..36]);
+    h ^= fnv1a(&buf[40..]).rotate_left(17);
+    (h ^ (h >> 32)) as u32
+}
+
+impl Record {
+    /// Writes the record into `out` (zero-filled first).
+    pub fn write(&self, out: &mut [u8]) -> Result<()> {
+        let body: usize = self.fields.iter().map(|f| 2 + f.len()).sum();
+        if HEADER + body > out.len()
+            || self.fields.len() > 3
+            || self.fields.iter().any(|f| f.len() > MAX_ADDR)
+        {
+            return Err(Error::Internal(format!(
+                "a {:?} record of {} bytes does not fit its {}-byte buffer",
+                self.kind,
+                HEADER + body,
+                out.len()
+            )));
+        }
+        out.fill(0);
+        out[0..4].copy_from_slice(&MAGIC.to_le_bytes());
+        out[4] = VERSION;
+        out[5] = self.kind as u8;
+        out[6] = self.fields.len() as u8;
+        out[8..16].copy_from_slice(&self.a.to_le_bytes());
+        out[16..24].copy_from_slice(&self.b.to_le_bytes());
+        out[24..32].copy_from_slice(&self.who.host.to_le_bytes());
+        out[32..36].copy_from_slice(&self.who.pid.to_le_bytes());
+        let mut at = HEADER;
+        for f in &self.fields {
+            out[at..at + 2].copy_from_slice(&(f.len() as u16).to_le_bytes());
+            out[at + 2..at + 2 + f.len()].copy_from_slice(f);
+            at += 2 + f.len();
+        }
+        let check = checksum(out);
+        out[36..40].copy_from_slice(&check.to_le_bytes());
+        Ok(())
+    }
+
+    /// Reads a record; `what` names it in errors.
+    pub fn read(buf: &[u8], what: &str) -> Result<Record> {
+        let bad = |why: String| Error::InvalidArgument(format!("malformed {what}: {why}"));
+        if buf.len() < HEADER {
+            return Err(bad(format!("{} bytes, need at least {HEADER}", buf.len())));
+        }
+        let u64_at = |at: usize| u64::from_le_bytes(buf[at..at + 8].try_into().expect("8"));
+        let u32_at = |at: usize| u32::from_le_bytes(buf[at..at + 4].try_into().expect("4"));
+        let magic = u32_at(0);
+        if magic != MAGIC {
+            return Err(bad(format!(
+                "magic {magic:#010x}, expected {MAGIC:#010x} (not made by nccl-net-fabric, or zeroed)"
+            )));
+        }
+        if buf[4] != VERSION {
+            return Err(bad(format!(
+                "version {}, this plugin speaks {VERSION}: run the same plugin on every rank",
+                buf[4]
+            )));
+        }
+        let kind = Kind::from_u8(buf[5]).ok_or_else(|| bad(format!("record kind {}", buf[5])))?;
+        let count = usize::from(buf[6]);
+        if count > 3 {
+            return Err(bad(format!("{count} fields")));
+        }
+        if u32_at(36) != checksum(buf) {
+            return Err(bad("checksum mismatch (corrupted in transit)".into()));
+        }
+        let mut fields = Vec::with_capacity(count);
+        let mut at = HEADER;
+        for i in 0..count {
+            let len = buf
+                .get(at..at + 2)
+                .map(|l| usize::from(u16::from_le_bytes([l[0], l[1]])))
+                .ok_or_else(|| bad(format!("field {i} starts past the end")))?;
+            let field = buf
+                .get(at + 2..at + 2 + len)
+                .filter(|_| len <= MAX_ADDR)
+                .ok_or_else(|| bad(format!("field {i} of {len} bytes does not fit")))?;
+            fields.push(field.to_vec());
+            at += 2 + len;
+        }
+        Ok(Record {
+            kind,
+            a: u64_at(8),
+            b: u64_at(16),
+            who: Identity {
+                host: u64_at(24),
+                pid: u32_at(32),
+            },
+            fields,
+        })
+    }
+
+    /// Field `i`, which a record of this kind must have and which must not be empty.
+    pub fn field(&self, i: usize, what: &str) -> Result<&[u8]> {
+        self.fields
+            .get(i)
+            .filter(|f| !f.is_empty())
+            .map(Vec::as_slice)
+            .ok_or_else(|| {
+                Error::InvalidArgument(format!(
+                    "malformed {what}: {:?} without field {i}",
+                    self.kind
+                ))
+            })
+    }
 }
 
 /// What `listen` publishes.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Handle {
-    pub listen_id: u64,
+    /// Random: which listen comm of the owner's process.
+    pub token: u64,
+    /// Random per control endpoint: tells this process's own handles apart.
     pub nonce: u64,
     pub owner: Identity,
+    /// The owner's control endpoint.
     pub addr: Vec<u8>,
 }
 
-fn put(buf: &mut [u8], at: usize, bytes: &[u8]) {
-    buf[at..at + bytes.len()].copy_from_slice(bytes);
-}
-fn u32_at(buf: &[u8], at: usize) -> u32 {
-    u32::from_le_bytes(buf[at..at + 4].try_into().expect("4 bytes"))
-}
-fn u64_at(buf: &[u8], at: usize) -> u64 {
-    u64::from_le_bytes(buf[at..at + 8].try_into().expect("8 bytes"))
-}
-
-/// Layout (little endian): magic u32 @0, version u8 @4, kind u8 @5, addr_len u16 @6,
-/// id u64 @8, nonce u64 @16, host u64 @24, pid u32 @32, check u32 @36, address @40.
-fn encode(buf: &mut [u8], kind: u8, id: u64, nonce: u64, who: Identity, addr: &[u8]) {
-    buf.fill(0);
-    put(buf, 0, &MAGIC.to_le_bytes());
-    buf[4] = VERSION;
-    buf[5] = kind;
-    put(buf, 6, &(addr.len() as u16).to_le_bytes());
-    put(buf, 8, &id.to_le_bytes());
-    put(buf, 16, &nonce.to_le_bytes());
-    put(buf, 24, &who.host.to_le_bytes());
-    put(buf, 32, &who.pid.to_le_bytes());
-    put(buf, HANDLE_HEADER, addr);
-    let check = checksum(buf, HANDLE_HEADER + addr.len());
-    put(buf, 36, &check.to_le_bytes());
-}
-
-fn checksum(buf: &[u8], len: usize) -> u32 {
-    let mut copy = buf[..len].to_vec();
-    copy[36..40].fill(0);
-    let h = fnv1a(&copy);
-    (h ^ (h >> 32)) as u32
-}
-
-struct Decoded {
-    kind: u8,
-    id: u64,
-    nonce: u64,
-    who: Identity,
-    addr: Vec<u8>,
-}
-
-fn decode(buf: &[u8], what: &str) -> Result<Decoded> {
-    let bad = |why: String| Error::InvalidArgument(format!("malformed {what}: {why}"));
-    if buf.len() < HANDLE_HEADER {
-        return Err(bad(format!(
-            "{} bytes, need at least {HANDLE_HEADER}",
-            buf.len()
-        )));
-    }
-    let magic = u32_at(buf, 0);
-    if magic != MAGIC {
-        return Err(bad(format!(
-            "magic {magic:#010x}, expected {MAGIC:#010x} (not made by nccl-net-fabric's listen, or zeroed)"
-        )));
-    }
-    if buf[4] != VERSION {
-        return Err(bad(format!(
-            "version {}, this plugin speaks {VERSION}: run the same plugin on every rank",
-            buf[4]
-        )));
-    }
-    let addr_len = usize::from(u16::from_le_bytes([buf[6], buf[7]]));
-    if addr_len == 0 || HANDLE_HEADER + addr_len > buf.len() {
-        return Err(bad(format!("address length {addr_len} does not fit")));
-    }
-    let check = u32_at(buf, 36);
-    if check != checksum(buf, HANDLE_HEADER + addr_len) {
-        return Err(bad("checksum mismatch (corrupted in transit)".into()));
-    }
-    Ok(Decoded {
-        kind: buf[5],
-        id: u64_at(buf, 8),
-        nonce: u64_at(buf, 16),
-        who: Identity {
-            host: u64_at(buf, 24),
-            pid: u32_at(buf, 32),
-        },
-        addr: buf[HANDLE_HEADER..HANDLE_HEADER + addr_len].to_vec(),
-    })
-}
-
-const KIND_HANDLE: u8 = 1;
-const KIND_CONNECT: u8 = 2;
-const KIND_ACK: u8 = 3;
-
 impl Handle {
     pub fn write(&self, out: &mut [u8; NET_HANDLE_MAXSIZE]) -> Result<()> {
-        if self.addr.len() > MAX_ADDR {
-            return Err(Error::Internal(format!(
-                "endpoint address of {} bytes does not fit NCCL's {NET_HANDLE_MAXSIZE}-byte handle",
-                self.addr.len()
-            )));
+        Record {
+            kind: Kind::Handle,
+            a: self.token,
+            b: self.nonce,
+            who: self.owner,
+            fields: vec![self.addr.clone()],
         }
-        encode(
-            out,
-            KIND_HANDLE,
-            self.listen_id,
-            self.nonce,
-            self.owner,
-            &self.addr,
-        );
-        Ok(())
+        .write(out)
     }
     pub fn read(buf: &[u8; NET_HANDLE_MAXSIZE]) -> Result<Self> {
-        let d = decode(buf, "connection handle")?;
-        if d.kind != KIND_HANDLE {
+        const WHAT: &str = "connection handle";
+        let r = Record::read(buf, WHAT)?;
+        if r.kind != Kind::Handle {
             return Err(Error::InvalidArgument(format!(
-                "malformed connection handle: record kind {}",
-                d.kind
+                "malformed {WHAT}: a {:?} record",
+                r.kind
             )));
         }
         Ok(Handle {
-            listen_id: d.id,
-            nonce: d.nonce,
-            owner: d.who,
-            addr: d.addr,
-        })
-    }
-}
-
-/// CONNECT: sent by `connect` to the listener.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Connect {
-    /// The listener's nonce, echoed from the handle.
-    pub nonce: u64,
-    /// The id the sender receives its ACK on.
-    pub sender_id: u64,
-    pub sender: Identity,
-    pub sender_addr: Vec<u8>,
-}
-
-/// ACK: the listener's answer to CONNECT.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Ack {
-    pub nonce: u64,
-    pub receiver: Identity,
-}
-
-impl Connect {
-    pub fn write(&self, out: &mut [u8; MSG_SIZE]) {
-        encode(
-            out,
-            KIND_CONNECT,
-            self.sender_id,
-            self.nonce,
-            self.sender,
-            &self.sender_addr,
-        );
-    }
-    pub fn read(buf: &[u8]) -> Result<Self> {
-        let d = decode(buf, "CONNECT message")?;
-        if d.kind != KIND_CONNECT {
-            return Err(Error::Remote(format!(
-                "expected CONNECT, got record kind {}",
-                d.kind
-            )));
-        }
-        Ok(Connect {
-            nonce: d.nonce,
-            sender_id: d.id,
-            sender: d.who,
-            sender_addr: d.addr,
-        })
-    }
-}
-
-impl Ack {
-    pub fn write(&self, out: &mut [u8; MSG_SIZE]) {
-        // An ACK carries no address; one zero byte keeps the record format uniform.
-        encode(out, KIND_ACK, 0, self.nonce, self.receiver, &[0]);
-    }
-    pub fn read(buf: &[u8]) -> Result<Self> {
-        let d = decode(buf, "ACK message")?;
-        if d.kind != KIND_ACK {
-            return Err(Error::Remote(format!(
-                "expected ACK, got record kind {}",
-                d.kind
-            )));
-        }
-        Ok(Ack {
-            nonce: d.nonce,
-            receiver: d.who,
+            token: r.a,
+            nonce: r.b,
+            owner: r.who,
+            addr: r.field(0, WHAT)?.to_vec(),
         })
     }
 }
@@ -266,7 +260,7 @@ mod tests {
 
     fn sample() -> Handle {
         Handle {
-            listen_id: 7,
+            token: 0x1234_5678_9abc_def0,
             nonce: 0xdead_beef,
             owner: Identity {
                 host: 42,
@@ -292,7 +286,7 @@ mod tests {
             .contains("magic"));
         let mut buf = [0u8; NET_HANDLE_MAXSIZE];
         sample().write(&mut buf).unwrap();
-        for i in [8usize, 20, 33, 41] {
+        for i in [8usize, 20, 33, 43, 100] {
             let mut bad = buf;
             bad[i] ^= 0x40;
             assert!(
@@ -309,35 +303,35 @@ mod tests {
             .unwrap_err()
             .to_string()
             .contains("version"));
-        let mut l = buf;
-        l[6] = 200;
-        assert!(Handle::read(&l).unwrap_err().to_string().contains("length"));
     }
 
     #[test]
-    fn too_long_address_is_refused() {
+    fn oversized_fields_are_refused() {
         let mut h = sample();
         h.addr = vec![0; MAX_ADDR + 1];
         assert!(h.write(&mut [0u8; NET_HANDLE_MAXSIZE]).is_err());
+        h.addr = vec![7; 100];
+        assert!(
+            h.write(&mut [0u8; NET_HANDLE_MAXSIZE]).is_err(),
+            "40 + 2 + 100 > 128"
+        );
     }
 
     #[test]
-    fn messages_round_trip_and_do_not_pass_for_each_other() {
-        let c = Connect {
-            nonce: 3,
-            sender_id: 9,
-            sender: Identity { host: 1, pid: 2 },
-            sender_addr: vec![9; 200],
+    fn records_round_trip_and_keep_their_kind() {
+        let r = Record {
+            kind: Kind::Connect,
+            a: 3,
+            b: 9,
+            who: Identity { host: 1, pid: 2 },
+            fields: vec![vec![9; 120], vec![8; 30]],
         };
         let mut buf = [0u8; MSG_SIZE];
-        c.write(&mut buf);
-        assert_eq!(Connect::read(&buf).unwrap(), c);
-        assert!(Ack::read(&buf).is_err());
-        let a = Ack {
-            nonce: 3,
-            receiver: Identity { host: 1, pid: 5 },
-        };
-        a.write(&mut buf);
-        assert_eq!(Ack::read(&buf).unwrap(), a);
+        r.write(&mut buf).unwrap();
+        assert_eq!(Record::read(&buf, "message").unwrap(), r);
+        let mut lying = buf;
+        lying[HEADER] = 0xff; // first field claims 255+ bytes; checksum catches it first
+        assert!(Record::read(&lying, "message").is_err());
+        assert!(r.field(2, "CONNECT").is_err());
     }
 }

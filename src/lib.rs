@@ -1,31 +1,45 @@
 //! nccl-net-fabric: an NCCL network plugin that carries NCCL's inter-node traffic over
 //! libfabric, and says which provider it picked and why.
 //!
-//! Layers, from NCCL inwards:
-//! - [`exports`]: the `ncclNetPlugin_v8` table and the C entry points (panic boundary).
-//! - [`plugin`]: state decided once at `init` (settings, provider decision, devices).
-//! - [`provider`] (pure policy) fed by [`discover`] (fi_getinfo passes and probe endpoints).
-//! - [`connection`] and [`handshake`]: listen/connect/accept state machines and wire records.
-//! - [`comm`], [`op`], [`tags`], [`mr`]: the data path.
+//! Layers, from NCCL inwards (each module uses only those below it):
+//! - [`exports`]: the `ncclNetPlugin_v8`/`_v11` tables and the C entry points (panic
+//!   boundary); [`opaque`] checks every pointer NCCL hands back.
+//! - [`connection`] (listen/connect/accept state machines), [`comm`] (comms and requests),
+//!   [`mr`] (registrations).
+//! - [`plugin`]: state decided once at `init`; [`device`]: one NCCL device, owning its lanes,
+//!   its control endpoint and its connects in progress.
+//! - [`control`]: the control plane (handshake, liveness, endpoints left to finish).
+//! - [`lane`] (data endpoints and who drives them), [`progress`] (progress threads),
+//!   [`driver`] (the one reader of an endpoint's queue), [`op`], [`tags`], [`overflow`].
+//! - [`provider`] (pure policy) fed by [`discover`]; [`quirks`] (what particular providers
+//!   need); [`handshake`] (wire records); [`settings`].
 //! - [`endpoint`], [`fabric`], [`sys`]: libfabric itself.
 //! - [`host`]: the NCCL side of the ABI, for the demo, the tests and the benchmarks.
 
 pub mod comm;
 pub mod connection;
+pub mod control;
+pub mod device;
 pub mod discover;
+pub mod driver;
 pub mod endpoint;
 pub mod error;
 pub mod exports;
 pub mod fabric;
-pub mod handoff;
 pub mod handshake;
 pub mod host;
+pub mod lane;
 pub mod log;
 pub mod mr;
 pub mod nccl;
 pub mod op;
+pub mod opaque;
+pub mod overflow;
 pub mod plugin;
+pub mod progress;
 pub mod provider;
+pub mod quirks;
+pub mod random;
 pub mod settings;
 pub mod sys;
 pub mod tags;

@@ -6,16 +6,15 @@
 //! - Host buffers use iface `FI_HMEM_SYSTEM`; CUDA buffers (only when GPU buffers were
 //!   allowed at init) use `FI_HMEM_CUDA` with the buffer's device.
 
-use crate::comm::{Comm, SharedEndpoint};
-use crate::error::{check, Error, Result};
+use crate::comm::Comm;
+use crate::error::{check, Result};
 use crate::fabric::close_fid;
+use crate::lane::Lane;
 use crate::sys;
 use std::ffi::c_void;
 use std::ptr;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
-
-const MR_MAGIC: u64 = 0x4e46_4142_4d52_4547; // "NFABMREG"
 
 /// Keys requested when the provider does not pick them (process-wide, never repeated).
 static NEXT_KEY: AtomicU64 = AtomicU64::new(1);
@@ -29,11 +28,15 @@ pub enum Memory {
 
 /// NCCL's mhandle.
 pub struct MemoryRegion {
-    magic: u64,
     mr: *mut sys::fid_mr,
     desc: *mut c_void,
-    /// Keeps the endpoint (and its domain) open while the registration exists.
-    _ep: Arc<SharedEndpoint>,
+    /// Keeps the lane (a user of it) and its domain open while the registration exists.
+    lane: Arc<Lane>,
+}
+
+impl crate::opaque::Kind for MemoryRegion {
+    const MAGIC: u64 = 0x4e46_4142_4d52_4547; // "NFABMREG"
+    const NAME: &'static str = "mhandle";
 }
 
 // SAFETY: the registration is immutable after creation; libfabric objects are thread-safe
@@ -50,9 +53,9 @@ impl MemoryRegion {
         data: *mut c_void,
         size: usize,
         memory: Memory,
-    ) -> Result<Box<Self>> {
-        let ep = &comm.ep;
-        let mr_mode = ep.ep.domain.info.info().mr_mode();
+    ) -> Result<Self> {
+        let endpoint = &comm.lane.endpoint;
+        let mr_mode = endpoint.domain.info.info().mr_mode();
         let key = if mr_mode & sys::FI_MR_PROV_KEY as i32 != 0 {
             0
         } else {
@@ -66,7 +69,7 @@ impl MemoryRegion {
         // SAFETY: the domain is open; the caller keeps the buffer allocated until drop.
         let ret = unsafe {
             sys::nccl_net_fabric_mr_reg(
-                ep.ep.domain.raw(),
+                endpoint.domain.raw(),
                 data,
                 size,
                 (sys::FI_SEND | sys::FI_RECV) as u64,
@@ -77,36 +80,23 @@ impl MemoryRegion {
             )
         };
         check("fi_mr_regattr", ret)?;
-        let mut region = Box::new(MemoryRegion {
-            magic: MR_MAGIC,
+        comm.lane.add_user();
+        let mut region = MemoryRegion {
             mr,
             desc: ptr::null_mut(),
-            _ep: ep.clone(),
-        });
+            lane: comm.lane.clone(),
+        };
         if mr_mode & sys::FI_MR_ENDPOINT as i32 != 0 {
-            // SAFETY: mr and the endpoint are open.
-            check("fi_mr_bind", unsafe { sys::fi_mr_bind(mr, ep.ep.fid(), 0) })?;
+            // SAFETY: mr and the endpoint are open (the comm holds its lane).
+            check("fi_mr_bind", unsafe {
+                sys::fi_mr_bind(mr, endpoint.fid(), 0)
+            })?;
             // SAFETY: mr is open and bound.
             check("fi_mr_enable", unsafe { sys::fi_mr_enable(mr) })?;
         }
         // SAFETY: mr is open; the descriptor stays valid until it is closed.
         region.desc = unsafe { sys::fi_mr_desc(mr) };
         Ok(region)
-    }
-
-    /// # Safety
-    /// `p` must be NULL or point to readable memory of at least a `u64`.
-    pub unsafe fn from_ptr<'a>(p: *mut c_void) -> Result<Option<&'a MemoryRegion>> {
-        // SAFETY: readable per the caller.
-        let Some(r) = (unsafe { p.cast::<MemoryRegion>().as_ref() }) else {
-            return Ok(None);
-        };
-        if r.magic != MR_MAGIC {
-            return Err(Error::InvalidArgument(
-                "mhandle is not a nccl-net-fabric memory registration".into(),
-            ));
-        }
-        Ok(Some(r))
     }
 
     pub fn desc(&self) -> *mut c_void {
@@ -116,13 +106,14 @@ impl MemoryRegion {
     /// Whether this registration belongs to `comm`'s domain: endpoints each have their own,
     /// so a registration made on one comm is no descriptor for another.
     pub fn fits(&self, comm: &Comm) -> bool {
-        Arc::ptr_eq(&self._ep.ep.domain, &comm.ep.ep.domain)
+        Arc::ptr_eq(&self.lane.endpoint.domain, &comm.lane.endpoint.domain)
     }
 }
 
 impl Drop for MemoryRegion {
     fn drop(&mut self) {
         close_fid("memory registration", self.mr.cast());
+        self.lane.release_user();
     }
 }
 

@@ -3,110 +3,19 @@
 //! Everything NCCL is told about (devices, `ptrSupport`) is decided here once, in `init`,
 //! and never changed afterwards.
 
+use crate::control::Liveness;
+use crate::device::{Device, Properties, MAX_COMMS, MAX_RECVS};
 use crate::discover::{discover, Discovery};
 use crate::error::{Error, Result};
 use crate::fabric::{runtime_version, version_string, Domain, Fabric, HEADER_VERSION};
+use crate::lane::{LaneConfig, LanePool};
 use crate::nccl;
-use crate::provider::{decide, errno_name, Candidate, CudaApiAnswer, Decision, Failure};
+use crate::provider::{decide, errno_name, CudaApiAnswer, Decision, Failure};
 use crate::settings::{EndpointSharing, Settings};
-use parking_lot::{Mutex, RwLock};
+use parking_lot::RwLock;
 use std::ffi::CString;
-use std::sync::{Arc, Weak};
-
-/// Largest message NCCL may hand a v11 `isend`/`irecv`: `test` reports sizes as `int`.
-pub const MAX_MESSAGE_BYTES: usize = i32::MAX as usize;
-
-/// Speed reported when neither the provider nor `NCCL_FABRIC_SPEED_MBPS` gives one.
-pub const DEFAULT_SPEED_MBPS: u64 = 100_000;
-/// Speed reported for shared-memory providers (shm, sm2), which report no link: NCCL then
-/// opens 4 channels per GPU pair rather than 2, and copies run on 4 endpoints' threads
-/// (all_reduce busbw at 1 GiB: 9.3 → 14.5 GB/s on a 32-core machine; 8 channels: 8.1).
-pub const SHARED_MEMORY_SPEED_MBPS: u64 = 400_000;
-/// Receives NCCL may group in one `irecv` (we match in posting order, one buffer each).
-pub const MAX_RECVS: i32 = 1;
-pub const MAX_COMMS: i32 = 65_536;
-
-/// What `getProperties` reports for a device, version-free.
-#[derive(Debug, Clone)]
-pub struct Properties {
-    pub name: CString,
-    pub pci_path: Option<CString>,
-    pub guid: u64,
-    pub ptr_support: i32,
-    pub speed_mbps: i32,
-    pub port: i32,
-    pub latency_us: f32,
-    pub max_comms: i32,
-    pub max_recvs: i32,
-}
-
-impl Properties {
-    /// The v11 layout: the v8 fields plus those v9-v11 added.
-    pub fn to_v11(&self, dev: i32) -> nccl::PropertiesV11 {
-        let v8 = self.to_v8();
-        nccl::PropertiesV11 {
-            name: v8.name,
-            pci_path: v8.pci_path,
-            guid: v8.guid,
-            ptr_support: v8.ptr_support,
-            reg_is_global: v8.reg_is_global,
-            force_flush: 0,
-            speed: v8.speed,
-            port: v8.port,
-            latency: v8.latency,
-            max_comms: v8.max_comms,
-            max_recvs: v8.max_recvs,
-            net_device_type: v8.net_device_type,
-            net_device_version: v8.net_device_version,
-            v_props: nccl::VDevicePropsV11 {
-                ndevs: 1,
-                devs: [dev, 0, 0, 0],
-            },
-            max_p2p_bytes: MAX_MESSAGE_BYTES,
-            max_coll_bytes: MAX_MESSAGE_BYTES,
-            max_multi_request_size: 1,
-        }
-    }
-
-    pub fn to_v8(&self) -> nccl::PropertiesV8 {
-        nccl::PropertiesV8 {
-            name: self.name.as_ptr().cast_mut(),
-            pci_path: self
-                .pci_path
-                .as_ref()
-                .map_or(std::ptr::null_mut(), |p| p.as_ptr().cast_mut()),
-            guid: self.guid,
-            ptr_support: self.ptr_support,
-            reg_is_global: 0,
-            speed: self.speed_mbps,
-            port: self.port,
-            latency: self.latency_us,
-            max_comms: self.max_comms,
-            max_recvs: self.max_recvs,
-            net_device_type: nccl::NET_DEVICE_HOST,
-            net_device_version: nccl::NET_DEVICE_INVALID_VERSION,
-        }
-    }
-}
-
-/// A device's shared endpoints of one role (`NCCL_FABRIC_LANES` of them, opened when first
-/// used) and which one the next comm gets.
-#[derive(Default)]
-pub struct Lanes {
-    pub endpoints: Vec<Weak<crate::comm::SharedEndpoint>>,
-    pub next: usize,
-}
-
-/// One NCCL device: a domain of the chosen provider.
-pub struct Device {
-    pub index: usize,
-    pub domain: Arc<Domain>,
-    pub props: Properties,
-    pub candidate: Candidate,
-    /// With endpoints shared per device, the lanes all comms of this device share, indexed
-    /// by [`crate::comm::Role`], and a counter per role that hands them out in turn.
-    pub shared_endpoints: Mutex<[Lanes; 2]>,
-}
+use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 pub struct Plugin {
     pub settings: Settings,
@@ -138,17 +47,18 @@ impl Plugin {
                 ))
             })
     }
-    /// How comms on `device` get endpoints. `auto` gives shared-memory providers an endpoint
-    /// per comm: measured under NCCL with shm, per-comm endpoints moved 1.6x the bytes of one
-    /// shared pair (two ranks' progress threads no longer contend on one queue) and as much as
-    /// 4-16 lanes, while tcp;ofi_rxm takes ~0.2-0.7 s to connect each new endpoint, so it
-    /// shares lanes.
-    pub fn sharing(&self, device: &Device) -> EndpointSharing {
-        match self.settings.endpoints {
-            EndpointSharing::Auto if device.candidate.local_only() => EndpointSharing::PerComm,
-            EndpointSharing::Auto => EndpointSharing::PerDevice,
-            chosen => chosen,
-        }
+}
+
+/// How comms on a device get endpoints. `auto` gives shared-memory providers an endpoint
+/// per comm: measured under NCCL with shm, per-comm endpoints moved 1.6x the bytes of one
+/// shared pair (two ranks' progress threads no longer contend on one queue) and as much as
+/// 4-16 lanes, while tcp;ofi_rxm takes ~0.2-0.7 s to connect each new endpoint, so it
+/// shares lanes.
+fn per_comm(settings: &Settings, provider: &str) -> bool {
+    match settings.endpoints {
+        EndpointSharing::Auto => crate::quirks::local_only(provider),
+        EndpointSharing::PerComm => true,
+        EndpointSharing::PerDevice => false,
     }
 }
 
@@ -215,10 +125,7 @@ fn open_devices(settings: Settings, discovery: &Discovery, decision: &Decision) 
             }
         };
         let domain = Domain::open(&fabric, info)?;
-        let unreported = match c.local_only() {
-            true => SHARED_MEMORY_SPEED_MBPS,
-            false => DEFAULT_SPEED_MBPS,
-        };
+        let unreported = crate::quirks::unreported_speed_mbps(&c.provider);
         let speed = match settings.speed_mbps {
             0 => info
                 .link_speed_bps()
@@ -244,13 +151,34 @@ fn open_devices(settings: Settings, discovery: &Discovery, decision: &Decision) 
             max_comms: MAX_COMMS,
             max_recvs: MAX_RECVS,
         };
-        devices.push(Device {
+        // With GPU buffers allowed, every endpoint must answer as the probe did.
+        let expected_answer = c
+            .setopt
+            .clone()
+            .and_then(Result::ok)
+            .filter(|_| decision.gpu);
+        let close_after = Duration::from_millis(settings.close_timeout_ms);
+        let lanes = LanePool::new(LaneConfig {
+            domain: domain.clone(),
+            expected_answer,
+            threaded: settings.progress_thread,
+            lanes: settings.lanes,
+            per_comm: per_comm(&settings, &c.provider),
+            label: c.domain.clone(),
+            adopt: Box::new(move |d| crate::control::adopt(d, Instant::now() + close_after)),
+        });
+        let liveness = Liveness {
+            timeout: Duration::from_millis(settings.peer_timeout_ms),
+        };
+        devices.push(Device::new(
             index,
             domain,
             props,
-            candidate: c,
-            shared_endpoints: Mutex::new(Default::default()),
-        });
+            c,
+            lanes,
+            expected_answer,
+            liveness,
+        ));
     }
     let summary = summary(discovery, decision, &devices);
     Ok(Plugin {
@@ -282,6 +210,19 @@ fn summary(discovery: &Discovery, decision: &Decision, devices: &[Device]) -> St
         errno_name(answer),
         CudaApiAnswer::classify(answer).describe(),
     )
+}
+
+/// Releases what closed comms left behind (endpoints the provider still held operations on):
+/// called when NCCL finalizes the last communicator. Devices, domains and control endpoints
+/// stay for the next init.
+pub fn release_leftovers() {
+    let Some(plugin) = STATE.read().clone() else {
+        return;
+    };
+    for d in &plugin.devices {
+        d.connects.lock().clear();
+    }
+    crate::control::flush();
 }
 
 /// Libfabric runtime version, for reports.

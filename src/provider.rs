@@ -39,7 +39,7 @@ impl Candidate {
     }
     /// Providers that only reach peers on the same host.
     pub fn local_only(&self) -> bool {
-        matches!(self.provider.as_str(), "shm" | "sm2")
+        crate::quirks::local_only(&self.provider)
     }
 }
 
@@ -134,12 +134,8 @@ pub fn admissible(provider: &str, domain: &str, settings: &Settings) -> Result<(
             settings.providers.join(",")
         ));
     }
-    if provider == "tcp" && !settings.allow_native_tcp {
-        return Err(
-            "native tcp RDM hangs under NCCL (ofiwg/libfabric#8963); use tcp;ofi_rxm, \
-                    or set NCCL_FABRIC_ALLOW_NATIVE_TCP=yes"
-                .into(),
-        );
+    if let Some(why) = crate::quirks::native_tcp_refusal(provider, settings.allow_native_tcp) {
+        return Err(why.into());
     }
     if let Some(p) = settings
         .exclude_domains

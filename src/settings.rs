@@ -38,8 +38,7 @@ pub const ALLOW_TCP_RDM: &str = "NCCL_FABRIC_ALLOW_NATIVE_TCP";
 pub const LOG: &str = "NCCL_FABRIC_LOG";
 pub const PROGRESS_THREAD: &str = "NCCL_FABRIC_PROGRESS_THREAD";
 pub const LANES: &str = "NCCL_FABRIC_LANES";
-pub const DOMAIN_PER_ENDPOINT: &str = "NCCL_FABRIC_DOMAIN_PER_ENDPOINT";
-pub const POST_FROM: &str = "NCCL_FABRIC_POST_FROM";
+pub const PEER_TIMEOUT_MS: &str = "NCCL_FABRIC_PEER_TIMEOUT_MS";
 
 pub const TABLE: &[Setting] = &[
     Setting {
@@ -91,25 +90,6 @@ pub const TABLE: &[Setting] = &[
                   machines with 8 or more CPUs, else 1",
     },
     Setting {
-        name: DOMAIN_PER_ENDPOINT,
-        kind: Kind::Choice(&["yes", "no"]),
-        default: "yes",
-        meaning: "`yes`: every endpoint opens its own libfabric domain, so endpoints progress \
-                  independently (libfabric 2.x tcp drives all sockets of a domain under one \
-                  lock); `no`: all endpoints of a device share the device's domain",
-    },
-    Setting {
-        name: POST_FROM,
-        kind: Kind::Choice(&["progress", "caller"]),
-        default: "progress",
-        meaning: "with progress threads: which thread hands sends and receives to the provider. \
-                  `progress`: NCCL's isend/irecv queue them and the endpoint's progress thread \
-                  posts them, so work a provider does while posting (shm copies a message that \
-                  arrived before its receive) runs there, not in NCCL's one proxy thread per GPU \
-                  (all_reduce busbw +40% with shm, +50% with tcp;ofi_rxm); `caller`: NCCL's \
-                  thread posts",
-    },
-    Setting {
         name: CONNECT_TIMEOUT_MS,
         kind: Kind::Number { min: 100, max: 3_600_000 },
         default: "60000",
@@ -119,7 +99,17 @@ pub const TABLE: &[Setting] = &[
         name: CLOSE_TIMEOUT_MS,
         kind: Kind::Number { min: 0, max: 600_000 },
         default: "2000",
-        meaning: "how long a close waits for requests still in flight to finish or cancel",
+        meaning: "close returns at once; operations a closed comm left in flight are cancelled \
+                  in the background, and an endpoint the provider still holds operations on \
+                  is closed after this long regardless (at the last finalize at the latest)",
+    },
+    Setting {
+        name: PEER_TIMEOUT_MS,
+        kind: Kind::Number { min: 200, max: 3_600_000 },
+        default: "3000",
+        meaning: "a request waiting on a peer probes the peer process after a quarter of this, \
+                  and fails with ncclRemoteError when the peer leaves probes unanswered this \
+                  long (it exited, or its host is unreachable)",
     },
     Setting {
         name: STALL_WARN_MS,
@@ -147,10 +137,11 @@ pub const TABLE: &[Setting] = &[
         name: PROGRESS_THREAD,
         kind: Kind::Choice(&["auto", "yes", "no"]),
         default: "auto",
-        meaning: "`yes`: a thread per endpoint reads completions continuously and posts what \
-                  NCCL's calls queued (see `NCCL_FABRIC_POST_FROM`; it spins while traffic \
-                  flows); `no`: NCCL's own calls post and drive progress; `auto`: `yes` on \
-                  machines with 8 or more CPUs",
+        meaning: "`yes`: each endpoint is driven by a thread of its own, which posts what \
+                  NCCL's calls hand it and reads completions continuously (it spins while \
+                  traffic flows, so work a provider does while posting runs there, not in \
+                  NCCL's one proxy thread per GPU); `no`: NCCL's own calls drive each endpoint, \
+                  one at a time; `auto`: `yes` on machines with 8 or more CPUs",
     },
     Setting {
         name: LOG,
@@ -167,15 +158,6 @@ pub enum HmemMode {
     Require,
     Off,
     Force,
-}
-
-/// Which thread posts sends and receives to the provider (`NCCL_FABRIC_POST_FROM`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum PostFrom {
-    /// The endpoint's progress thread, where there is one.
-    Progress,
-    /// NCCL's calling thread.
-    Caller,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -196,14 +178,13 @@ pub struct Settings {
     pub endpoints: EndpointSharing,
     pub connect_timeout_ms: u64,
     pub close_timeout_ms: u64,
+    pub peer_timeout_ms: u64,
     pub stall_warn_ms: u64,
     pub speed_mbps: u64,
     pub allow_native_tcp: bool,
     pub progress_thread: bool,
     /// Shared endpoints per device and role (at least 1).
     pub lanes: usize,
-    pub domain_per_endpoint: bool,
-    pub post_from: PostFrom,
 }
 
 impl Default for Settings {
@@ -287,6 +268,7 @@ impl Settings {
             },
             connect_timeout_ms: number(CONNECT_TIMEOUT_MS)?,
             close_timeout_ms: number(CLOSE_TIMEOUT_MS)?,
+            peer_timeout_ms: number(PEER_TIMEOUT_MS)?,
             stall_warn_ms: number(STALL_WARN_MS)?,
             speed_mbps: number(SPEED_MBPS)?,
             allow_native_tcp: value(&lookup, ALLOW_TCP_RDM)? == "yes",
@@ -299,11 +281,6 @@ impl Settings {
                 0 if many_cpus() => 4,
                 0 => 1,
                 n => n as usize,
-            },
-            domain_per_endpoint: value(&lookup, DOMAIN_PER_ENDPOINT)? == "yes",
-            post_from: match value(&lookup, POST_FROM)?.as_str() {
-                "caller" => PostFrom::Caller,
-                _ => PostFrom::Progress,
             },
         })
         .and_then(|s| {
@@ -412,22 +389,16 @@ mod tests {
         assert_eq!(auto, if many_cpus() { 4 } else { 1 });
         assert_eq!(parse(&[(LANES, "8")]).unwrap().lanes, 8);
         assert!(parse(&[(LANES, "65")]).is_err());
-        assert!(parse(&[]).unwrap().domain_per_endpoint);
-        assert!(
-            !parse(&[(DOMAIN_PER_ENDPOINT, "no")])
-                .unwrap()
-                .domain_per_endpoint
-        );
     }
 
     #[test]
-    fn post_from_parses() {
-        assert_eq!(parse(&[]).unwrap().post_from, PostFrom::Progress);
+    fn peer_timeout_parses() {
+        assert_eq!(parse(&[]).unwrap().peer_timeout_ms, 3000);
         assert_eq!(
-            parse(&[(POST_FROM, "caller")]).unwrap().post_from,
-            PostFrom::Caller
+            parse(&[(PEER_TIMEOUT_MS, "1000")]).unwrap().peer_timeout_ms,
+            1000
         );
-        assert!(parse(&[(POST_FROM, "nccl")]).is_err());
+        assert!(parse(&[(PEER_TIMEOUT_MS, "10")]).is_err());
     }
 
     #[test]

@@ -1,26 +1,22 @@
-//! The tag layout that keeps every comm's traffic apart on a shared endpoint.
+//! The tag layout that keeps every comm's traffic apart on a shared data endpoint.
 //!
 //! ```text
-//! bit  B-1        B-2 … 16            15 … 0
-//!      control    comm id             sequence (data) or message kind (control)
+//! bit  B-1 … 16        15 … 0
+//!      comm id          sequence
 //! ```
 //! `B` is the number of tag bits the provider offers (`mem_tag_format`, 64 when it does not
-//! say). Data tags carry the receiver's comm id and a per-comm sequence number, so the n-th
-//! send of a comm can only match the n-th receive: NCCL's posting order, whatever order the
-//! provider matches in. 16 sequence bits cover far more than the 32 requests a comm may have
-//! outstanding.
+//! say). The comm id is chosen by the receiving endpoint, so it is unique there; the sequence
+//! number counts a comm's posts, so the n-th send of a comm can only match the n-th receive:
+//! NCCL's posting order, whatever order the provider matches in. 16 sequence bits cover far
+//! more than the 32 requests a comm may have outstanding. Control messages travel on
+//! endpoints of their own (see `control`).
 
 const SEQ_BITS: u32 = 16;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Tags {
-    control: u64,
     id_mask: u64,
 }
-
-/// Control message kinds.
-pub const CONNECT: u64 = 1;
-pub const ACK: u64 = 2;
 
 impl Tags {
     /// Layout for a provider's `mem_tag_format`.
@@ -30,11 +26,9 @@ impl Tags {
         } else {
             64 - mem_tag_format.leading_zeros()
         };
-        let bits = bits.max(SEQ_BITS + 9);
-        let id_bits = bits - 1 - SEQ_BITS;
+        let bits = bits.max(SEQ_BITS + 8);
         Tags {
-            control: 1u64 << (bits - 1),
-            id_mask: (1u64 << id_bits) - 1,
+            id_mask: (1u64 << (bits - SEQ_BITS)) - 1,
         }
     }
     pub fn id_mask(&self) -> u64 {
@@ -42,9 +36,6 @@ impl Tags {
     }
     pub fn data(&self, id: u64, seq: u64) -> u64 {
         ((id & self.id_mask) << SEQ_BITS) | (seq & ((1 << SEQ_BITS) - 1))
-    }
-    pub fn control(&self, id: u64, kind: u64) -> u64 {
-        self.control | ((id & self.id_mask) << SEQ_BITS) | kind
     }
 }
 
@@ -55,8 +46,7 @@ mod tests {
     #[test]
     fn full_width_layout() {
         let t = Tags::new(0xaaaa_aaaa_aaaa_aaaa);
-        assert_eq!(t.control(0, 0), 1 << 63);
-        assert_eq!(t.id_mask(), (1 << 47) - 1);
+        assert_eq!(t.id_mask(), (1 << 48) - 1);
         assert_eq!(t.data(3, 5), (3 << 16) | 5);
         assert_eq!(
             t.data(3, 0x1_0005),
@@ -68,22 +58,19 @@ mod tests {
     #[test]
     fn narrow_providers_keep_fields_inside_their_bits() {
         let t = Tags::new(0x0000_0000_ffff_ffff);
-        let tag = t.control(u64::MAX, ACK);
+        let tag = t.data(u64::MAX, u64::MAX);
         assert_eq!(tag >> 32, 0, "{tag:#x}");
-        assert_ne!(t.data(1, 0), t.control(1, 0));
         assert_eq!(Tags::new(0), Tags::new(u64::MAX));
     }
 
     #[test]
-    fn comms_and_kinds_never_collide() {
+    fn comms_never_collide() {
         let t = Tags::new(0);
         let mut seen = std::collections::HashSet::new();
         for id in 1..50 {
             for seq in 0..40 {
                 assert!(seen.insert(t.data(id, seq)));
             }
-            assert!(seen.insert(t.control(id, CONNECT)));
-            assert!(seen.insert(t.control(id, ACK)));
         }
     }
 }

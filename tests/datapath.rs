@@ -262,18 +262,6 @@ fn two_ranks_on_threads_with_progress_threads() {
     );
 }
 
-/// Progress threads read completions but NCCL's calls post (by default they only queue).
-#[test]
-fn two_ranks_on_threads_with_progress_threads_and_posts_from_the_caller() {
-    for_each_provider(
-        "child_two_ranks_threads",
-        &[
-            ("NCCL_FABRIC_PROGRESS_THREAD", "yes"),
-            ("NCCL_FABRIC_POST_FROM", "caller"),
-        ],
-    );
-}
-
 #[test]
 fn two_ranks_on_threads_with_an_endpoint_per_comm() {
     for_each_provider(
@@ -445,8 +433,7 @@ fn sixteen_comm_pairs_at_once() {
 }
 
 /// Shared endpoints spread over lanes: 16 comm pairs on 3 lanes open exactly 3 receiving and
-/// 3 sending endpoints, each with its progress thread posting what NCCL's calls queued, and
-/// every byte still arrives.
+/// 3 sending endpoints, each driven by its progress thread, and every byte still arrives.
 #[test]
 fn sixteen_comm_pairs_over_three_lanes() {
     for p in data_providers() {
@@ -467,13 +454,10 @@ fn sixteen_comm_pairs_over_three_lanes() {
             f.stdout,
             f.stderr
         );
-        let opened = f.stderr.matches("endpoint opened on").count();
-        assert_eq!(opened, 6, "endpoints opened over {p}\n{}", f.stderr);
-        let handing_off = f
-            .stderr
-            .matches("its progress thread posts and progresses")
-            .count();
-        assert_eq!(handing_off, 6, "posting threads over {p}\n{}", f.stderr);
+        let opened = f.stderr.matches(" comms (setopt").count();
+        assert_eq!(opened, 6, "data endpoints opened over {p}\n{}", f.stderr);
+        let threads = f.stderr.matches("its progress thread drives it").count();
+        assert_eq!(threads, 6, "progress threads over {p}\n{}", f.stderr);
     }
 }
 
@@ -575,7 +559,7 @@ fn child_bad_handles() {
     );
     // A well-formed handle whose address libfabric rejects (or cannot reach).
     let fake = nccl_net_fabric::handshake::Handle {
-        listen_id: 1,
+        token: 1,
         nonce: 99,
         owner: nccl_net_fabric::handshake::Identity { host: 0, pid: 1 },
         addr: vec![0xff; 3],

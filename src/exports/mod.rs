@@ -12,9 +12,11 @@ use crate::connection::{self, ListenComm};
 use crate::error::{Error, Result};
 use crate::mr::{cuda_device_of, Memory, MemoryRegion};
 use crate::nccl::{self, DeviceHandleV8, Logger, NcclResult, NetV8, PropertiesV8};
+use crate::opaque;
 use crate::plugin;
 use std::ffi::{c_int, c_void};
 use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::sync::Arc;
 
 /// Runs an entry point's body: errors become their `ncclResult_t` and a WARN line, panics
 /// become `ncclInternalError`.
@@ -98,7 +100,7 @@ pub(crate) unsafe extern "C" fn listen(
         let (handle, slot) = unsafe { (handle_bytes(handle)?, out(listen_comm, "listenComm")?) };
         *slot = std::ptr::null_mut();
         let l = connection::listen(&*plugin::get()?, dev, handle)?;
-        *slot = Box::into_raw(l).cast();
+        *slot = opaque::into_raw(l);
         Ok(())
     })
 }
@@ -114,7 +116,7 @@ pub(crate) unsafe extern "C" fn connect(
         let (handle, slot) = unsafe { (handle_bytes(handle)?, out(send_comm, "sendComm")?) };
         *slot = std::ptr::null_mut();
         if let Some(comm) = connection::connect(&*plugin::get()?, dev, handle)? {
-            *slot = Box::into_raw(comm).cast();
+            *slot = opaque::into_raw(comm);
         }
         Ok(())
     })
@@ -129,13 +131,13 @@ pub(crate) unsafe extern "C" fn accept(
         // SAFETY: NCCL passes the listenComm we returned and an out-pointer.
         let (l, slot) = unsafe {
             (
-                ListenComm::from_ptr(listen_comm)?,
+                opaque::borrow::<ListenComm>(listen_comm)?,
                 out(recv_comm, "recvComm")?,
             )
         };
         *slot = std::ptr::null_mut();
-        if let Some(comm) = l.accept()? {
-            *slot = Box::into_raw(comm).cast();
+        if let Some(comm) = l.accept(&*plugin::get()?)? {
+            *slot = opaque::into_raw(comm);
         }
         Ok(())
     })
@@ -150,7 +152,8 @@ pub(crate) unsafe extern "C" fn reg_mr(
 ) -> c_int {
     boundary("regMr", || {
         // SAFETY: NCCL passes a send or recv comm we returned and an out-pointer.
-        let (comm, slot) = unsafe { (Comm::from_ptr(comm)?, out(mhandle, "mhandle")?) };
+        let (comm, slot) =
+            unsafe { (opaque::borrow::<Arc<Comm>>(comm)?, out(mhandle, "mhandle")?) };
         *slot = std::ptr::null_mut();
         let memory = match kind {
             nccl::PTR_HOST => Memory::Host,
@@ -170,7 +173,7 @@ pub(crate) unsafe extern "C" fn reg_mr(
             }
         };
         // SAFETY: NCCL keeps the buffer allocated until deregMr.
-        *slot = Box::into_raw(unsafe { MemoryRegion::register(comm, data, size, memory)? }).cast();
+        *slot = opaque::into_raw(unsafe { MemoryRegion::register(comm, data, size, memory)? });
         Ok(())
     })
 }
@@ -197,11 +200,11 @@ pub(crate) unsafe extern "C" fn reg_mr_dma_buf(
 pub(crate) unsafe extern "C" fn dereg_mr(comm: *mut c_void, mhandle: *mut c_void) -> c_int {
     boundary("deregMr", || {
         // SAFETY: NCCL passes the comm and mhandle it got from us.
-        unsafe { Comm::from_ptr(comm)? };
-        // SAFETY: as above; NULL (nothing registered) is allowed.
-        if unsafe { MemoryRegion::from_ptr(mhandle)? }.is_some() {
-            // SAFETY: mhandle came from Box::into_raw in reg_mr and NCCL releases it once.
-            drop(unsafe { Box::from_raw(mhandle.cast::<MemoryRegion>()) });
+        unsafe { opaque::borrow::<Arc<Comm>>(comm)? };
+        // NULL: nothing was registered.
+        if !mhandle.is_null() {
+            // SAFETY: mhandle came from reg_mr and NCCL releases it once.
+            drop(unsafe { opaque::take::<MemoryRegion>(mhandle)? });
         }
         Ok(())
     })
@@ -212,11 +215,13 @@ pub(crate) unsafe extern "C" fn dereg_mr(comm: *mut c_void, mhandle: *mut c_void
 /// # Safety
 /// `mhandle` must be NULL or a registration we returned.
 unsafe fn desc_of(comm: &Comm, mhandle: *mut c_void) -> Result<*mut c_void> {
+    if mhandle.is_null() {
+        return Ok(std::ptr::null_mut());
+    }
     // SAFETY: per the caller.
-    match unsafe { MemoryRegion::from_ptr(mhandle)? } {
-        None => Ok(std::ptr::null_mut()),
-        Some(region) if region.fits(comm) => Ok(region.desc()),
-        Some(_) => Err(Error::InvalidArgument(
+    match unsafe { opaque::borrow::<MemoryRegion>(mhandle)? } {
+        region if region.fits(comm) => Ok(region.desc()),
+        _ => Err(Error::InvalidArgument(
             "the mhandle was registered on another comm (each comm's endpoint has its own \
              libfabric domain): register the buffer with regMr on the comm that uses it"
                 .into(),
@@ -227,10 +232,10 @@ unsafe fn desc_of(comm: &Comm, mhandle: *mut c_void) -> Result<*mut c_void> {
 /// Sizes as NCCL passes them: `int` up to v8, `size_t` from v9 on.
 pub(crate) fn byte_count(size: impl TryInto<usize> + Copy + std::fmt::Display) -> Result<usize> {
     match size.try_into() {
-        Ok(n) if n <= plugin::MAX_MESSAGE_BYTES => Ok(n),
+        Ok(n) if n <= crate::device::MAX_MESSAGE_BYTES => Ok(n),
         _ => Err(Error::InvalidArgument(format!(
             "message size {size} is negative or above {} bytes",
-            plugin::MAX_MESSAGE_BYTES
+            crate::device::MAX_MESSAGE_BYTES
         ))),
     }
 }
@@ -249,7 +254,7 @@ pub(crate) unsafe fn post_one(
     request: *mut *mut c_void,
 ) -> Result<()> {
     // SAFETY: per the caller.
-    let (comm, slot) = unsafe { (Comm::from_ptr(comm)?, out(request, "request")?) };
+    let (comm, slot) = unsafe { (opaque::borrow::<Arc<Comm>>(comm)?, out(request, "request")?) };
     // NCCL may pre-set a receive request as a hint (v9+); we always write ours.
     *slot = std::ptr::null_mut();
     // SAFETY: per the caller.
@@ -259,7 +264,7 @@ pub(crate) unsafe fn post_one(
 /// # Safety
 /// As [`post_one`].
 unsafe fn post(
-    comm: &Comm,
+    comm: &Arc<Comm>,
     want: Direction,
     data: *mut c_void,
     len: usize,
@@ -275,7 +280,7 @@ unsafe fn post(
     // SAFETY: NCCL passes the mhandle regMr gave it, or NULL.
     let desc = unsafe { desc_of(comm, mhandle)? };
     // SAFETY: the caller keeps `data` valid for `len` bytes until the request is done.
-    *request = unsafe { comm.post(data, len, desc)? }.map_or(std::ptr::null_mut(), |r| r.cast());
+    *request = unsafe { comm.post(data, len, desc)? }.unwrap_or(std::ptr::null_mut());
     Ok(())
 }
 
@@ -339,7 +344,8 @@ pub(crate) unsafe fn one_buffer<S: Copy>(
 ) -> Result<(*mut c_void, S, *mut c_void)> {
     if n != 1 {
         return Err(Error::InvalidArgument(format!(
-            "irecv of {n} buffers; this plugin reports maxRecvs 1"
+            "irecv of {n} buffers; this plugin reports maxRecvs {}",
+            crate::device::MAX_RECVS
         )));
     }
     // SAFETY: per the caller.
@@ -362,7 +368,12 @@ pub(crate) unsafe extern "C" fn iflush(
 ) -> c_int {
     boundary("iflush", || {
         // SAFETY: NCCL passes a recvComm we returned and an out-pointer.
-        let (_, slot) = unsafe { (Comm::from_ptr(recv_comm)?, out(request, "request")?) };
+        let (_, slot) = unsafe {
+            (
+                opaque::borrow::<Arc<Comm>>(recv_comm)?,
+                out(request, "request")?,
+            )
+        };
         // Received data is already where NCCL reads it: nothing to flush ("already done").
         *slot = std::ptr::null_mut();
         Ok(())
@@ -376,7 +387,7 @@ pub(crate) unsafe extern "C" fn test(
 ) -> c_int {
     boundary("test", || {
         // SAFETY: NCCL passes a request we returned and an out-pointer for `done`.
-        let (req, done) = unsafe { (Request::from_ptr(request)?, out(done, "done")?) };
+        let (req, done) = unsafe { (Request::from_handle(request)?, out(done, "done")?) };
         *done = 0;
         if let Some(n) = req.test()? {
             *done = 1;
@@ -393,15 +404,15 @@ pub(crate) unsafe extern "C" fn test(
 /// `comm` must be NULL or a comm we returned that NCCL closes once.
 unsafe fn close_comm(comm: *mut c_void, want: Direction) -> Result<()> {
     // SAFETY: per the caller.
-    let c = unsafe { Comm::from_ptr(comm)? };
+    let c = unsafe { opaque::borrow::<Arc<Comm>>(comm)? };
     if c.dir != want {
         return Err(Error::InvalidArgument(format!(
             "close{want:?} called on a {:?} comm",
             c.dir
         )));
     }
-    // SAFETY: comm came from Box::into_raw in connect/accept; NCCL gives it back once.
-    unsafe { Box::from_raw(comm.cast::<Comm>()) }.close();
+    // SAFETY: comm came from connect/accept; NCCL gives it back once.
+    unsafe { opaque::take::<Arc<Comm>>(comm)? }.close();
     Ok(())
 }
 
@@ -418,9 +429,7 @@ pub(crate) unsafe extern "C" fn close_recv(comm: *mut c_void) -> c_int {
 pub(crate) unsafe extern "C" fn close_listen(listen_comm: *mut c_void) -> c_int {
     boundary("closeListen", || {
         // SAFETY: NCCL passes a listenComm we returned, once.
-        unsafe { ListenComm::from_ptr(listen_comm)? };
-        // SAFETY: it came from Box::into_raw in listen.
-        unsafe { Box::from_raw(listen_comm.cast::<ListenComm>()) }.close();
+        unsafe { opaque::take::<ListenComm>(listen_comm)? }.close();
         Ok(())
     })
 }

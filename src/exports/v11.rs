@@ -8,18 +8,24 @@
 
 use super::{boundary, byte_count, init_body, one_buffer, out, post_one};
 use crate::comm::Direction;
-use crate::error::Error;
 use crate::nccl::{DeviceHandleV8, Logger, NetV11, PropertiesV11};
 use crate::plugin;
 use std::ffi::{c_int, c_void};
-
-const CONTEXT_MAGIC: u64 = 0x4e46_4142_4354_5831; // "NFABCTX1"
+use std::sync::atomic::{AtomicUsize, Ordering};
 
 /// What `init` hands NCCL as the communicator's context.
 struct Context {
-    magic: u64,
     comm_id: u64,
 }
+
+impl crate::opaque::Kind for Context {
+    const MAGIC: u64 = 0x4e46_4142_4354_5831; // "NFABCTX1"
+    const NAME: &'static str = "context";
+}
+
+/// Contexts NCCL holds: when the last one is finalized, what closed comms left behind is
+/// released.
+static CONTEXTS: AtomicUsize = AtomicUsize::new(0);
 
 unsafe extern "C" fn init(
     ctx: *mut *mut c_void,
@@ -34,11 +40,8 @@ unsafe extern "C" fn init(
         *slot = std::ptr::null_mut();
         init_body(logger)?;
         tracing::debug!("init for communicator {comm_id:#x}");
-        *slot = Box::into_raw(Box::new(Context {
-            magic: CONTEXT_MAGIC,
-            comm_id,
-        }))
-        .cast();
+        *slot = crate::opaque::into_raw(Context { comm_id });
+        CONTEXTS.fetch_add(1, Ordering::AcqRel);
         Ok(())
     })
 }
@@ -50,16 +53,13 @@ unsafe extern "C" fn finalize(ctx: *mut c_void) -> c_int {
             return Ok(());
         }
         // SAFETY: NCCL passes back the context init gave it, once.
-        let c = unsafe { &*ctx.cast::<Context>() };
-        if c.magic != CONTEXT_MAGIC {
-            return Err(Error::InvalidArgument(
-                "finalize: not a context of this plugin".into(),
-            ));
-        }
+        let c = unsafe { crate::opaque::take::<Context>(ctx)? };
         tracing::debug!("finalize for communicator {:#x}", c.comm_id);
-        // SAFETY: it came from Box::into_raw in init. Devices and endpoints stay: other
-        // communicators of this process may still use them.
-        drop(unsafe { Box::from_raw(ctx.cast::<Context>()) });
+        // Devices and endpoints stay for other and later communicators; what closed comms
+        // left behind goes with the last context.
+        if CONTEXTS.fetch_sub(1, Ordering::AcqRel) == 1 {
+            plugin::release_leftovers();
+        }
         Ok(())
     })
 }

@@ -1,0 +1,825 @@
+//! The control plane: per device, one small endpoint of this process that carries the
+//! handshake (CONNECT, ACK, NACK) and liveness probes (PING, PONG), all driven by one
+//! process-wide thread, which also finishes the endpoints of retired lanes that the provider
+//! still held operations on.
+//!
+//! NCCL's calls never wait for it: listen/connect/accept hand it messages to send and look
+//! at slots it fills ([`ListenSlot`], [`ConnectSlot`]); a comm's `test` asks it to probe a
+//! peer ([`Peer::watch`]). Handshakes between two ranks of this same process are delivered
+//! directly, without libfabric. The thread naps 20 ms when idle and polls every 20 µs while
+//! a handshake is under way (connect and accept hurry it along).
+//!
+//! Liveness: a request that has waited `NCCL_FABRIC_PEER_TIMEOUT_MS`/4 makes its comm probe
+//! the peer process's control endpoint, and again every quarter timeout while it keeps
+//! waiting; the peer's control thread answers whatever NCCL is doing. A peer that leaves
+//! probes unanswered for the whole timeout, or whose probe the provider fails, is dead: the
+//! comm's requests fail with `ncclRemoteError`. Nothing depends on pids or on peers sharing a
+//! host.
+
+use crate::driver::{Driver, Health, Inbox, Post, Transfer};
+use crate::endpoint::Endpoint;
+use crate::error::{Error, Result};
+use crate::fabric::Domain;
+use crate::handshake::{Identity, Kind, Record, MSG_SIZE};
+use crate::op::{Op, Status};
+use crate::sys;
+use parking_lot::Mutex;
+use std::cell::UnsafeCell;
+use std::collections::{HashMap, VecDeque};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, OnceLock, Weak};
+use std::thread::Thread;
+use std::time::{Duration, Instant};
+
+/// The tag of every control message (control endpoints carry nothing else).
+const CONTROL_TAG: u64 = 0x4e46;
+/// Receives kept posted on each control endpoint.
+const RECEIVES: usize = 16;
+/// How long connect/accept keep the thread polling fast after their last call.
+const HURRY_MS: u64 = 200;
+
+/// Milliseconds on a monotonic clock (since the first call; never 0).
+pub fn now_ms() -> u64 {
+    static START: OnceLock<Instant> = OnceLock::new();
+    START.get_or_init(Instant::now).elapsed().as_millis() as u64 + 1
+}
+
+/// How peers are watched (`NCCL_FABRIC_PEER_TIMEOUT_MS`).
+#[derive(Debug, Clone, Copy)]
+pub struct Liveness {
+    pub timeout: Duration,
+}
+
+impl Liveness {
+    /// How long a request waits before its peer is probed, and between probes.
+    pub fn probe_after(&self) -> Duration {
+        (self.timeout / 4).max(Duration::from_millis(50))
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// Peers
+
+/// Liveness of one peer process (its control endpoint on this device), shared by every
+/// comm with it.
+pub struct Peer {
+    pub address: Vec<u8>,
+    token: u64,
+    /// In this process: always alive, never probed.
+    local: bool,
+    /// When the oldest unanswered probe went out (ms, 0: none).
+    probing_since: AtomicU64,
+    last_probe: AtomicU64,
+    dead: OnceLock<String>,
+    control: Weak<Control>,
+    liveness: Liveness,
+}
+
+impl Peer {
+    /// A peer in this process.
+    pub fn local() -> Arc<Peer> {
+        Arc::new(Peer {
+            address: Vec::new(),
+            token: 0,
+            local: true,
+            probing_since: AtomicU64::new(0),
+            last_probe: AtomicU64::new(0),
+            dead: OnceLock::new(),
+            control: Weak::new(),
+            liveness: Liveness {
+                timeout: Duration::MAX,
+            },
+        })
+    }
+
+    /// Why the peer is known dead, if it is.
+    pub fn dead(&self) -> Option<&str> {
+        self.dead.get().map(String::as_str)
+    }
+
+    /// For a request that has waited `waited`: probes the peer when it is time (at once when
+    /// `urgent`: the endpoint just reported an error of its own), and says whether it is dead.
+    pub fn watch(
+        self: &Arc<Self>,
+        waited: Duration,
+        urgent: bool,
+    ) -> std::result::Result<(), String> {
+        if self.local {
+            return Ok(());
+        }
+        if let Some(why) = self.dead() {
+            return Err(why.to_string());
+        }
+        let every = self.liveness.probe_after();
+        if waited < every && !urgent {
+            return Ok(());
+        }
+        let now = now_ms();
+        let since = self.probing_since.load(Ordering::Acquire);
+        if since == 0 {
+            if self
+                .probing_since
+                .compare_exchange(0, now, Ordering::AcqRel, Ordering::Acquire)
+                .is_ok()
+            {
+                self.last_probe.store(now, Ordering::Release);
+                self.probe();
+            }
+            return Ok(());
+        }
+        let silent = now.saturating_sub(since);
+        if silent > self.liveness.timeout.as_millis() as u64 {
+            self.lost(format!(
+                "the peer did not answer liveness probes for {silent} ms (its process exited, \
+                 or its host is unreachable; NCCL_FABRIC_PEER_TIMEOUT_MS={} sets how long to \
+                 wait)",
+                self.liveness.timeout.as_millis()
+            ));
+            return Err(self.dead().unwrap_or_default().to_string());
+        }
+        let last = self.last_probe.load(Ordering::Acquire);
+        if now.saturating_sub(last) >= every.as_millis() as u64
+            && self
+                .last_probe
+                .compare_exchange(last, now, Ordering::AcqRel, Ordering::Acquire)
+                .is_ok()
+        {
+            self.probe();
+        }
+        Ok(())
+    }
+
+    fn probe(self: &Arc<Self>) {
+        let Some(control) = self.control.upgrade() else {
+            return;
+        };
+        let ping = Record {
+            kind: Kind::Ping,
+            a: self.token,
+            b: 0,
+            who: control.me,
+            fields: vec![control.address.clone()],
+        };
+        control.send(&self.address, ping, Purpose::Ping(self.clone()));
+    }
+
+    fn answered(&self) {
+        self.probing_since.store(0, Ordering::Release);
+    }
+
+    fn lost(&self, why: String) {
+        if self.dead.set(why).is_ok() {
+            tracing::debug!(
+                "peer control endpoint {} declared dead: {}",
+                String::from_utf8_lossy(&self.address).trim_end_matches('\0'),
+                self.dead().unwrap_or_default()
+            );
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// Handshake slots
+
+/// A CONNECT that reached a listen comm.
+pub struct Incoming {
+    pub connect: Record,
+    /// Set for a connect from this same process.
+    pub local: Option<LocalConnect>,
+}
+
+/// What a connect from this process hands the listener directly.
+pub struct LocalConnect {
+    pub reply: Arc<ConnectSlot>,
+    /// The sending lane's endpoint.
+    pub sender: Weak<Endpoint>,
+}
+
+/// Where a listen comm's CONNECT arrives.
+#[derive(Default)]
+pub struct ListenSlot {
+    incoming: Mutex<Option<Incoming>>,
+    used: AtomicBool,
+}
+
+impl ListenSlot {
+    /// Takes the CONNECT, once.
+    pub fn take(&self) -> Option<Incoming> {
+        self.incoming.lock().take()
+    }
+
+    fn offer(&self, i: Incoming) -> std::result::Result<(), &'static str> {
+        if self.used.swap(true, Ordering::AcqRel) {
+            return Err("the listen comm already has its peer");
+        }
+        *self.incoming.lock() = Some(i);
+        Ok(())
+    }
+}
+
+/// The listener's answer to a connect.
+pub enum Answer {
+    Ack {
+        record: Record,
+        /// For a listener in this process: its receiving lane's endpoint.
+        receiver: Option<Weak<Endpoint>>,
+    },
+    Refused(String),
+}
+
+/// Where a connect's answer arrives.
+#[derive(Default)]
+pub struct ConnectSlot {
+    answer: Mutex<Option<Answer>>,
+}
+
+impl ConnectSlot {
+    pub fn take(&self) -> Option<Answer> {
+        self.answer.lock().take()
+    }
+    pub fn answer(&self, a: Answer) {
+        let mut slot = self.answer.lock();
+        if slot.is_none() {
+            *slot = Some(a);
+        }
+    }
+}
+
+/// The outcome of sending one message (an ACK).
+#[derive(Default)]
+pub struct Sent {
+    outcome: Mutex<Option<std::result::Result<(), String>>>,
+}
+
+impl Sent {
+    /// A message handed over directly (to a rank of this process).
+    pub fn delivered() -> Arc<Sent> {
+        let s = Sent::default();
+        s.set(Ok(()));
+        Arc::new(s)
+    }
+    pub fn outcome(&self) -> Option<std::result::Result<(), String>> {
+        self.outcome.lock().clone()
+    }
+    fn set(&self, r: std::result::Result<(), String>) {
+        *self.outcome.lock() = Some(r);
+    }
+}
+
+/// What a sent message is for: who hears how it went.
+enum Purpose {
+    Connect { conn: u64, slot: Arc<ConnectSlot> },
+    Ack(Arc<Sent>),
+    Ping(Arc<Peer>),
+    Reply,
+}
+
+// ---------------------------------------------------------------------------------------
+// A device's control endpoint, as NCCL's threads see it
+
+/// One device's control endpoint of this process.
+pub struct Control {
+    /// Random: tells this process's own handles apart.
+    pub nonce: u64,
+    pub address: Vec<u8>,
+    pub provider: String,
+    pub me: Identity,
+    liveness: Liveness,
+    listeners: Mutex<HashMap<u64, Arc<ListenSlot>>>,
+    connects: Mutex<HashMap<u64, Arc<ConnectSlot>>>,
+    peers: Mutex<HashMap<Vec<u8>, Weak<Peer>>>,
+}
+
+impl Control {
+    /// Opens the control endpoint on `domain` and hands it to the control thread.
+    pub fn open(
+        domain: &Arc<Domain>,
+        expected_answer: Option<i32>,
+        liveness: Liveness,
+        label: &str,
+    ) -> Result<Arc<Control>> {
+        let (endpoint, queue) = Endpoint::open(domain, expected_answer)?;
+        let inbox = Arc::new(Inbox::default());
+        let driver = Driver::new(
+            queue,
+            inbox.clone(),
+            Arc::new(Health::default()),
+            format!("{} control endpoint on {label}", endpoint.provider),
+        );
+        let control = Arc::new(Control {
+            nonce: crate::random::u64(),
+            address: endpoint.name.clone(),
+            provider: endpoint.provider.clone(),
+            me: Identity::current(),
+            liveness,
+            listeners: Mutex::new(HashMap::new()),
+            connects: Mutex::new(HashMap::new()),
+            peers: Mutex::new(HashMap::new()),
+        });
+        tracing::debug!(
+            "control endpoint opened on {label} ({})",
+            String::from_utf8_lossy(&control.address).trim_end_matches('\0')
+        );
+        mailbox().push(Job::Attach(Box::new(Station::new(
+            control.clone(),
+            driver,
+            inbox,
+        ))));
+        Ok(control)
+    }
+
+    /// A slot for the CONNECT of listen `token`.
+    pub fn listen(&self, token: u64) -> Arc<ListenSlot> {
+        let slot = Arc::new(ListenSlot::default());
+        self.listeners.lock().insert(token, slot.clone());
+        slot
+    }
+
+    pub fn unlisten(&self, token: u64) {
+        self.listeners.lock().remove(&token);
+    }
+
+    /// Delivers a CONNECT from this process to listen `token` of this process.
+    pub fn connect_locally(
+        &self,
+        token: u64,
+        incoming: Incoming,
+    ) -> std::result::Result<(), String> {
+        let slot = self.listeners.lock().get(&token).cloned();
+        match slot {
+            Some(s) => s.offer(incoming).map_err(str::to_string),
+            None => Err("no listen comm of this process has that handle (closed, or stale)".into()),
+        }
+    }
+
+    /// Sends a CONNECT to `to`; the answer arrives in `slot`.
+    pub fn send_connect(self: &Arc<Self>, to: &[u8], connect: Record, slot: Arc<ConnectSlot>) {
+        let conn = connect.b;
+        self.connects.lock().insert(conn, slot.clone());
+        self.send(to, connect, Purpose::Connect { conn, slot });
+    }
+
+    /// Stops waiting for the answer to connect `conn`.
+    pub fn forget_connect(&self, conn: u64) {
+        self.connects.lock().remove(&conn);
+    }
+
+    /// Sends an ACK (or any answer) to `to`; how it went arrives in the returned slot.
+    pub fn send_answer(self: &Arc<Self>, to: &[u8], answer: Record) -> Arc<Sent> {
+        let sent = Arc::new(Sent::default());
+        self.send(to, answer, Purpose::Ack(sent.clone()));
+        sent
+    }
+
+    /// The liveness record of the peer process whose control endpoint is `address`.
+    pub fn peer(self: &Arc<Self>, address: &[u8]) -> Arc<Peer> {
+        let mut peers = self.peers.lock();
+        if let Some(p) = peers.get(address).and_then(Weak::upgrade) {
+            return p;
+        }
+        peers.retain(|_, p| p.strong_count() > 0);
+        let p = Arc::new(Peer {
+            address: address.to_vec(),
+            token: crate::random::u64(),
+            local: false,
+            probing_since: AtomicU64::new(0),
+            last_probe: AtomicU64::new(0),
+            dead: OnceLock::new(),
+            control: Arc::downgrade(self),
+            liveness: self.liveness,
+        });
+        peers.insert(address.to_vec(), Arc::downgrade(&p));
+        p
+    }
+
+    fn send(self: &Arc<Self>, to: &[u8], record: Record, purpose: Purpose) {
+        mailbox().push(Job::Send {
+            control: self.clone(),
+            to: to.to_vec(),
+            record,
+            purpose,
+        });
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// The control thread
+
+enum Job {
+    Attach(Box<Station>),
+    Send {
+        control: Arc<Control>,
+        to: Vec<u8>,
+        record: Record,
+        purpose: Purpose,
+    },
+    Adopt(Driver, Instant),
+    Flush(std::sync::mpsc::Sender<()>),
+}
+
+struct Mailbox {
+    jobs: Mutex<VecDeque<Job>>,
+    hurry_until: AtomicU64,
+    thread: OnceLock<Thread>,
+}
+
+impl Mailbox {
+    fn push(&self, job: Job) {
+        self.jobs.lock().push_back(job);
+        self.wake();
+    }
+    fn wake(&self) {
+        if let Some(t) = self.thread.get() {
+            t.unpark();
+        }
+    }
+    fn take(&self) -> VecDeque<Job> {
+        std::mem::take(&mut *self.jobs.lock())
+    }
+}
+
+/// The process's control thread, started on first use.
+fn mailbox() -> &'static Mailbox {
+    static MAILBOX: OnceLock<Mailbox> = OnceLock::new();
+    static STARTED: std::sync::Once = std::sync::Once::new();
+    let mb = MAILBOX.get_or_init(|| Mailbox {
+        jobs: Mutex::new(VecDeque::new()),
+        hurry_until: AtomicU64::new(0),
+        thread: OnceLock::new(),
+    });
+    STARTED.call_once(|| {
+        match std::thread::Builder::new()
+            .name("nfab-control".into())
+            .spawn(|| run(mailbox()))
+        {
+            Ok(h) => {
+                let _ = mb.thread.set(h.thread().clone());
+            }
+            Err(e) => {
+                tracing::warn!("could not start the control thread ({e}): connects will time out")
+            }
+        }
+    });
+    mb
+}
+
+/// Keeps the control thread polling fast for a while: a handshake is under way.
+pub fn hurry() {
+    let mb = mailbox();
+    mb.hurry_until.store(now_ms() + HURRY_MS, Ordering::Release);
+    mb.wake();
+}
+
+/// Hands the control thread the driver of a retired endpoint that the provider still holds
+/// operations on: it keeps cancelling and reading completions, and closes the endpoint once
+/// nothing is left in flight, or at `deadline` regardless.
+pub fn adopt(driver: Driver, deadline: Instant) {
+    mailbox().push(Job::Adopt(driver, deadline));
+}
+
+/// Closes every adopted endpoint now (at finalize); waits for the control thread, at most
+/// a few seconds.
+pub fn flush() {
+    let (tx, rx) = std::sync::mpsc::channel();
+    mailbox().push(Job::Flush(tx));
+    if rx.recv_timeout(Duration::from_secs(10)).is_err() {
+        tracing::warn!("the control thread did not close leftover endpoints within 10 s");
+    }
+}
+
+fn run(mb: &'static Mailbox) {
+    let mut stations: Vec<Box<Station>> = Vec::new();
+    let mut adopted: Vec<(Driver, Instant)> = Vec::new();
+    let body = std::panic::AssertUnwindSafe(|| loop {
+        for job in mb.take() {
+            match job {
+                Job::Attach(s) => stations.push(s),
+                Job::Send {
+                    control,
+                    to,
+                    record,
+                    purpose,
+                } => match stations
+                    .iter_mut()
+                    .find(|s| Arc::ptr_eq(&s.control, &control))
+                {
+                    Some(s) => s.send(&to, &record, purpose),
+                    None => purpose.failed("no control endpoint".into()),
+                },
+                Job::Adopt(d, deadline) => adopted.push((d, deadline)),
+                Job::Flush(done) => {
+                    for (d, _) in adopted.drain(..) {
+                        close_adopted(d);
+                    }
+                    let _ = done.send(());
+                }
+            }
+        }
+        let mut busy = false;
+        for s in &mut stations {
+            busy |= s.turn();
+        }
+        let now = Instant::now();
+        let mut i = 0;
+        while i < adopted.len() {
+            let (d, deadline) = &mut adopted[i];
+            let _ = d.turn();
+            if d.idle() || now >= *deadline {
+                let (d, _) = adopted.swap_remove(i);
+                close_adopted(d);
+            } else {
+                i += 1;
+            }
+        }
+        busy |= !adopted.is_empty();
+        let nap = if now_ms() < mb.hurry_until.load(Ordering::Acquire) {
+            Duration::from_micros(20)
+        } else if busy {
+            Duration::from_micros(500)
+        } else {
+            Duration::from_millis(20)
+        };
+        std::thread::park_timeout(nap);
+    });
+    if std::panic::catch_unwind(body).is_err() {
+        tracing::warn!("the control thread stopped (a plugin bug): connects will time out");
+    }
+}
+
+fn close_adopted(mut d: Driver) {
+    if !d.idle() {
+        tracing::debug!(
+            "closing an endpoint with {} operation(s) the provider still held",
+            d.in_flight()
+        );
+        d.cancel_all();
+        let _ = d.turn();
+    }
+    d.finish();
+}
+
+/// A buffer for one control message with the operation that carries it.
+struct Msg {
+    op: Op,
+    buf: UnsafeCell<[u8; MSG_SIZE]>,
+}
+
+// SAFETY: the buffer is written only while the op is idle, by the control thread, and read
+// only after its completion, by the same thread; the provider touches it in between.
+unsafe impl Send for Msg {}
+// SAFETY: as above.
+unsafe impl Sync for Msg {}
+
+impl Msg {
+    fn new() -> Arc<Msg> {
+        Arc::new(Msg {
+            op: Op::default(),
+            buf: UnsafeCell::new([0; MSG_SIZE]),
+        })
+    }
+}
+
+impl Purpose {
+    fn failed(self, why: String) {
+        match self {
+            Purpose::Connect { slot, .. } => slot.answer(Answer::Refused(why)),
+            Purpose::Ack(sent) => sent.set(Err(why)),
+            Purpose::Ping(peer) => peer.lost(format!("the liveness probe failed: {why}")),
+            Purpose::Reply => {}
+        }
+    }
+    fn succeeded(self) {
+        if let Purpose::Ack(sent) = self {
+            sent.set(Ok(()));
+        }
+    }
+}
+
+/// One control endpoint, on the control thread.
+struct Station {
+    control: Arc<Control>,
+    driver: Driver,
+    inbox: Arc<Inbox>,
+    recvs: Vec<Arc<Msg>>,
+    sends: Vec<(Arc<Msg>, Purpose)>,
+    addrs: HashMap<Vec<u8>, sys::fi_addr_t>,
+    probes: HashMap<u64, Weak<Peer>>,
+    bad_messages: u64,
+}
+
+impl Station {
+    fn new(control: Arc<Control>, driver: Driver, inbox: Arc<Inbox>) -> Station {
+        let mut s = Station {
+            control,
+            driver,
+            inbox,
+            recvs: (0..RECEIVES).map(|_| Msg::new()).collect(),
+            sends: Vec::new(),
+            addrs: HashMap::new(),
+            probes: HashMap::new(),
+            bad_messages: 0,
+        };
+        for i in 0..RECEIVES {
+            s.post_recv(i);
+        }
+        s
+    }
+
+    fn post_recv(&mut self, i: usize) {
+        let msg = &self.recvs[i];
+        msg.op.mark_queued();
+        self.inbox.push(crate::driver::Command::Post(Post {
+            op: &msg.op,
+            owner: msg.clone(),
+            transfer: Transfer::Recv {
+                buf: msg.buf.get().cast(),
+                len: MSG_SIZE,
+                desc: std::ptr::null_mut(),
+                tag: CONTROL_TAG,
+            },
+        }));
+    }
+
+    /// One round; returns whether anything is still under way.
+    fn turn(&mut self) -> bool {
+        if self.driver.turn().is_err() {
+            // The queue failed (logged by the driver): fail what waits on it.
+            for (_, p) in self.sends.drain(..) {
+                p.failed("the control endpoint's completion queue failed".into());
+            }
+            return false;
+        }
+        for i in 0..self.recvs.len() {
+            match self.recvs[i].op.status() {
+                Status::Done(n) => {
+                    // SAFETY: the receive completed; the provider no longer touches it.
+                    let whole: &[u8; MSG_SIZE] = unsafe { &*self.recvs[i].buf.get() };
+                    let bytes = whole[..n.min(MSG_SIZE)].to_vec();
+                    self.recvs[i].op.reset();
+                    self.handle(&bytes);
+                    self.post_recv(i);
+                }
+                Status::Failed => {
+                    self.recvs[i].op.reset();
+                    self.note_bad("a control message the provider failed to deliver");
+                    self.post_recv(i);
+                }
+                _ => {}
+            }
+        }
+        let mut i = 0;
+        while i < self.sends.len() {
+            let status = self.sends[i].0.op.status();
+            if status.finished() {
+                let (msg, purpose) = self.sends.swap_remove(i);
+                match status {
+                    Status::Done(_) => purpose.succeeded(),
+                    _ => purpose.failed(
+                        msg.op
+                            .failure()
+                            .map(|f| format!("{} (err {})", f.text, f.err))
+                            .unwrap_or_else(|| "failed".into()),
+                    ),
+                }
+            } else {
+                i += 1;
+            }
+        }
+        self.probes.retain(|_, p| p.strong_count() > 0);
+        !self.sends.is_empty()
+            || self
+                .probes
+                .values()
+                .filter_map(Weak::upgrade)
+                .any(|p| p.probing_since.load(Ordering::Acquire) != 0 && p.dead().is_none())
+    }
+
+    fn note_bad(&mut self, what: &str) {
+        self.bad_messages += 1;
+        if self.bad_messages.is_power_of_two() {
+            tracing::debug!(
+                "control endpoint: {what} ({} so far; ignored)",
+                self.bad_messages
+            );
+        }
+    }
+
+    /// A message arrived.
+    fn handle(&mut self, bytes: &[u8]) {
+        let r = match Record::read(bytes, "control message") {
+            Ok(r) => r,
+            Err(e) => return self.note_bad(&e.to_string()),
+        };
+        let control = self.control.clone();
+        match r.kind {
+            Kind::Connect => {
+                let Ok(reply_to) = r.field(0, "CONNECT").map(<[u8]>::to_vec) else {
+                    return self.note_bad("a CONNECT without a reply address");
+                };
+                let slot = control.listeners.lock().get(&r.a).cloned();
+                let offered = match slot {
+                    Some(s) => s.offer(Incoming {
+                        connect: r.clone(),
+                        local: None,
+                    }),
+                    None => Err("no listen comm has that handle (closed, or stale)"),
+                };
+                if let Err(why) = offered {
+                    let nack = Record {
+                        kind: Kind::Nack,
+                        a: r.b,
+                        b: 0,
+                        who: control.me,
+                        fields: vec![why.as_bytes().to_vec()],
+                    };
+                    self.send(&reply_to, &nack, Purpose::Reply);
+                }
+            }
+            Kind::Ack => {
+                if let Some(s) = control.connects.lock().remove(&r.a) {
+                    s.answer(Answer::Ack {
+                        record: r,
+                        receiver: None,
+                    });
+                }
+            }
+            Kind::Nack => {
+                if let Some(s) = control.connects.lock().remove(&r.a) {
+                    let why = r
+                        .fields
+                        .first()
+                        .map(|f| String::from_utf8_lossy(f).into_owned())
+                        .unwrap_or_default();
+                    s.answer(Answer::Refused(format!("the listener refused: {why}")));
+                }
+            }
+            Kind::Ping => {
+                let Ok(reply_to) = r.field(0, "PING").map(<[u8]>::to_vec) else {
+                    return self.note_bad("a PING without a reply address");
+                };
+                let pong = Record {
+                    kind: Kind::Pong,
+                    a: r.a,
+                    b: 0,
+                    who: control.me,
+                    fields: Vec::new(),
+                };
+                self.send(&reply_to, &pong, Purpose::Reply);
+            }
+            Kind::Pong => {
+                if let Some(p) = self.probes.get(&r.a).and_then(Weak::upgrade) {
+                    p.answered();
+                }
+            }
+            Kind::Handle => self.note_bad("a handle sent as a message"),
+        }
+    }
+
+    fn address(&mut self, to: &[u8]) -> Result<sys::fi_addr_t> {
+        if let Some(&a) = self.addrs.get(to) {
+            return Ok(a);
+        }
+        if to == self.control.address.as_slice() {
+            return Err(Error::InvalidArgument(
+                "a control message addressed to this very endpoint".into(),
+            ));
+        }
+        crate::endpoint::check_peer_address(&self.control.provider, to)?;
+        let a = self.driver.endpoint().insert(to)?;
+        self.addrs.insert(to.to_vec(), a);
+        Ok(a)
+    }
+
+    fn send(&mut self, to: &[u8], record: &Record, purpose: Purpose) {
+        let dest = match self.address(to) {
+            Ok(a) => a,
+            Err(e) => {
+                if let Purpose::Connect { conn, .. } = &purpose {
+                    self.control.forget_connect(*conn);
+                }
+                return purpose.failed(e.to_string());
+            }
+        };
+        let msg = Msg::new();
+        // SAFETY: the message is new; nobody else sees its buffer yet.
+        if let Err(e) = record.write(unsafe { &mut *msg.buf.get() }) {
+            return purpose.failed(e.to_string());
+        }
+        if let Purpose::Ping(p) = &purpose {
+            self.probes.insert(p.token, Arc::downgrade(p));
+        }
+        msg.op.mark_queued();
+        self.inbox.push(crate::driver::Command::Post(Post {
+            op: &msg.op,
+            owner: msg.clone(),
+            transfer: Transfer::Send {
+                buf: msg.buf.get().cast(),
+                len: MSG_SIZE,
+                desc: std::ptr::null_mut(),
+                dest,
+                tag: CONTROL_TAG,
+            },
+        }));
+        self.sends.push((msg, purpose));
+    }
+}

@@ -1,0 +1,192 @@
+//! One NCCL device: a domain of the chosen provider, what `getProperties` reports for it,
+//! and what it owns: its lanes (data endpoints), its control endpoint and its connects in
+//! progress. Every lock here is the device's own and is never held across a libfabric call,
+//! except the one that opens the control endpoint (once per device).
+
+use crate::control::{ConnectSlot, Control, Liveness};
+use crate::error::Result;
+use crate::fabric::Domain;
+use crate::handshake::Handle;
+use crate::lane::{Lane, LanePool};
+use crate::nccl;
+use crate::provider::Candidate;
+use parking_lot::Mutex;
+use std::collections::HashMap;
+use std::ffi::CString;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// Largest message NCCL may hand a v11 `isend`/`irecv`: `test` reports sizes as `int`.
+pub const MAX_MESSAGE_BYTES: usize = i32::MAX as usize;
+/// Receives NCCL may group in one `irecv`.
+pub const MAX_RECVS: i32 = 1;
+pub const MAX_COMMS: i32 = 65_536;
+
+/// What `getProperties` reports for a device, version-free.
+#[derive(Debug, Clone)]
+pub struct Properties {
+    pub name: CString,
+    pub pci_path: Option<CString>,
+    pub guid: u64,
+    pub ptr_support: i32,
+    pub speed_mbps: i32,
+    pub port: i32,
+    pub latency_us: f32,
+    pub max_comms: i32,
+    pub max_recvs: i32,
+}
+
+impl Properties {
+    /// The v11 layout: the v8 fields plus those v9-v11 added.
+    pub fn to_v11(&self, dev: i32) -> nccl::PropertiesV11 {
+        let v8 = self.to_v8();
+        nccl::PropertiesV11 {
+            name: v8.name,
+            pci_path: v8.pci_path,
+            guid: v8.guid,
+            ptr_support: v8.ptr_support,
+            reg_is_global: v8.reg_is_global,
+            force_flush: 0,
+            speed: v8.speed,
+            port: v8.port,
+            latency: v8.latency,
+            max_comms: v8.max_comms,
+            max_recvs: v8.max_recvs,
+            net_device_type: v8.net_device_type,
+            net_device_version: v8.net_device_version,
+            v_props: nccl::VDevicePropsV11 {
+                ndevs: 1,
+                devs: [dev, 0, 0, 0],
+            },
+            max_p2p_bytes: MAX_MESSAGE_BYTES,
+            max_coll_bytes: MAX_MESSAGE_BYTES,
+            max_multi_request_size: 1,
+        }
+    }
+
+    pub fn to_v8(&self) -> nccl::PropertiesV8 {
+        nccl::PropertiesV8 {
+            name: self.name.as_ptr().cast_mut(),
+            pci_path: self
+                .pci_path
+                .as_ref()
+                .map_or(std::ptr::null_mut(), |p| p.as_ptr().cast_mut()),
+            guid: self.guid,
+            ptr_support: self.ptr_support,
+            reg_is_global: 0,
+            speed: self.speed_mbps,
+            port: self.port,
+            latency: self.latency_us,
+            max_comms: self.max_comms,
+            max_recvs: self.max_recvs,
+            net_device_type: nccl::NET_DEVICE_HOST,
+            net_device_version: nccl::NET_DEVICE_INVALID_VERSION,
+        }
+    }
+}
+
+/// A connect in progress (its steps are in `connection`). Dropping it gives back what it
+/// holds: its lane, and its place in the control endpoint's table of answers awaited.
+pub struct Connecting {
+    pub handle: Handle,
+    /// Random: the id the listener's answer names.
+    pub conn: u64,
+    pub lane: Option<Arc<Lane>>,
+    pub control: Option<Arc<Control>>,
+    pub slot: Arc<ConnectSlot>,
+    pub sent: bool,
+    pub deadline: Instant,
+}
+
+impl Drop for Connecting {
+    fn drop(&mut self) {
+        if let Some(c) = &self.control {
+            c.forget_connect(self.conn);
+        }
+        if let Some(lane) = self.lane.take() {
+            lane.release_user();
+        }
+    }
+}
+
+/// A connect in progress and when NCCL last called for it.
+pub struct ConnectEntry {
+    pub state: Mutex<Connecting>,
+    pub last_call: Mutex<Instant>,
+}
+
+/// One NCCL device.
+pub struct Device {
+    pub index: usize,
+    pub domain: Arc<Domain>,
+    pub props: Properties,
+    pub candidate: Candidate,
+    pub lanes: Arc<LanePool>,
+    /// With GPU buffers allowed, every endpoint must answer setopt as the probe did.
+    pub expected_answer: Option<i32>,
+    liveness: Liveness,
+    control: Mutex<Option<Arc<Control>>>,
+    /// Connects in progress, by the handle's (token, nonce).
+    pub connects: Mutex<HashMap<(u64, u64), Arc<ConnectEntry>>>,
+}
+
+impl Device {
+    pub fn new(
+        index: usize,
+        domain: Arc<Domain>,
+        props: Properties,
+        candidate: Candidate,
+        lanes: Arc<LanePool>,
+        expected_answer: Option<i32>,
+        liveness: Liveness,
+    ) -> Self {
+        Device {
+            index,
+            domain,
+            props,
+            candidate,
+            lanes,
+            expected_answer,
+            liveness,
+            control: Mutex::new(None),
+            connects: Mutex::new(HashMap::new()),
+        }
+    }
+
+    /// The device's control endpoint, opened on first use.
+    pub fn control(&self) -> Result<Arc<Control>> {
+        let mut c = self.control.lock();
+        if let Some(c) = &*c {
+            return Ok(c.clone());
+        }
+        let opened = Control::open(
+            &self.domain,
+            self.expected_answer,
+            self.liveness,
+            &self.candidate.domain,
+        )?;
+        *c = Some(opened.clone());
+        Ok(opened)
+    }
+
+    /// Drops connects NCCL stopped calling for: `idle` after their last call.
+    pub fn reclaim_connects(&self, idle: Duration) -> usize {
+        let now = Instant::now();
+        let mut gone = Vec::new();
+        self.connects.lock().retain(|_, e| {
+            let keep = now.duration_since(*e.last_call.lock()) < idle;
+            if !keep {
+                gone.push(e.clone());
+            }
+            keep
+        });
+        for e in &gone {
+            tracing::debug!(
+                "reclaimed an abandoned connect to listen token {:#x} (no call for {} ms)",
+                e.state.lock().handle.token,
+                idle.as_millis()
+            );
+        }
+        gone.len()
+    }
+}

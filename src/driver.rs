@@ -1,0 +1,533 @@
+//! The driver of one endpoint: the only code that posts to its [`Queue`] and reads its
+//! completions.
+//!
+//! Other threads hand it [`Command`]s through its [`Inbox`]; whoever owns the `Driver` (a
+//! lane's progress thread, the NCCL thread holding the lane's lock, or the control thread)
+//! runs [`Driver::turn`], which posts what was handed in, reads completions into their
+//! [`Op`]s, and cancels what a closed owner left behind. Every operation in the provider's
+//! hands keeps its owner (an `Arc`) alive until its completion is read or the endpoint is
+//! closed, so closing an owner never waits and never frees memory the provider may still use.
+
+use crate::endpoint::{Endpoint, Event, Failure, Queue, Retired};
+use crate::error::{Error, Result};
+use crate::op::Op;
+use crate::sys;
+use parking_lot::Mutex;
+use std::any::Any;
+use std::collections::{HashMap, VecDeque};
+use std::ffi::c_void;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, OnceLock, Weak};
+use std::thread::Thread;
+use std::time::{Duration, Instant};
+
+/// Completion batches read per turn before returning.
+const POLL_ROUNDS: usize = 8;
+/// How often cancels are repeated for a closed owner's operations.
+const CANCEL_INTERVAL: Duration = Duration::from_millis(5);
+
+/// What keeps an operation's memory alive while the provider holds it.
+pub type Owner = Arc<dyn Any + Send + Sync>;
+
+/// The identity of an owner, for withdrawing its operations.
+pub fn owner_key(owner: &Owner) -> usize {
+    Arc::as_ptr(owner).cast::<()>() as usize
+}
+
+/// A send or receive to hand to the provider.
+pub enum Transfer {
+    Send {
+        buf: *const c_void,
+        len: usize,
+        desc: *mut c_void,
+        dest: sys::fi_addr_t,
+        tag: u64,
+    },
+    Recv {
+        buf: *mut c_void,
+        len: usize,
+        desc: *mut c_void,
+        tag: u64,
+    },
+}
+
+/// An operation for the driver to post.
+pub struct Post {
+    pub op: *const Op,
+    pub owner: Owner,
+    pub transfer: Transfer,
+}
+
+// SAFETY: the pointers are the owner's buffer, descriptor and op, which the owner (carried
+// along) keeps valid until the operation completes; they are only used to post it.
+unsafe impl Send for Post {}
+
+/// What other threads ask of a driver.
+pub enum Command {
+    Post(Post),
+    /// Withdraw the queued and cancel the posted operations of the owner with this key.
+    Retire(usize),
+    /// Close this endpoint only after `receiver` has closed (see
+    /// `quirks::sender_waits_for_receiver`).
+    CloseAfter(Weak<Endpoint>),
+}
+
+/// Commands waiting for a driver. Pushing never blocks on the driver's work.
+#[derive(Default)]
+pub struct Inbox {
+    queue: Mutex<VecDeque<Command>>,
+    len: AtomicUsize,
+    /// The thread that drives, woken when a command arrives while it naps.
+    worker: OnceLock<Thread>,
+}
+
+impl Inbox {
+    pub fn set_worker(&self, t: Thread) {
+        let _ = self.worker.set(t);
+    }
+    pub fn push(&self, c: Command) {
+        let mut q = self.queue.lock();
+        q.push_back(c);
+        self.len.store(q.len(), Ordering::Release);
+        drop(q);
+        if let Some(t) = self.worker.get() {
+            t.unpark();
+        }
+    }
+    pub fn is_empty(&self) -> bool {
+        self.len.load(Ordering::Acquire) == 0
+    }
+    fn take(&self) -> VecDeque<Command> {
+        if self.is_empty() {
+            return VecDeque::new();
+        }
+        let mut q = self.queue.lock();
+        self.len.store(0, Ordering::Release);
+        std::mem::take(&mut *q)
+    }
+}
+
+/// What a driver reports to the users of its endpoint.
+#[derive(Default)]
+pub struct Health {
+    /// Set when the completion queue itself failed: the endpoint carries nothing any more.
+    broken: OnceLock<String>,
+    /// Counts errors the provider reported without an operation (an error of the endpoint,
+    /// such as a lost connection): users then check their peers at once.
+    stray_errors: AtomicU64,
+}
+
+impl Health {
+    pub fn broken(&self) -> Option<&str> {
+        self.broken.get().map(String::as_str)
+    }
+    pub fn stray_errors(&self) -> u64 {
+        self.stray_errors.load(Ordering::Acquire)
+    }
+    pub fn check(&self) -> Result<()> {
+        match self.broken() {
+            Some(e) => Err(Error::Remote(format!(
+                "the endpoint's completion queue failed ({e}); every comm on it is lost"
+            ))),
+            None => Ok(()),
+        }
+    }
+}
+
+struct InFlight {
+    op: *const Op,
+    owner: Owner,
+    /// For a receive: the bytes NCCL posted (the rest of the receive is the overflow area).
+    posted: Option<usize>,
+}
+
+/// The one owner of an endpoint's [`Queue`].
+pub struct Driver {
+    queue: Queue,
+    inbox: Arc<Inbox>,
+    health: Arc<Health>,
+    /// Taken from the inbox, not yet accepted by the provider (it said EAGAIN).
+    waiting: VecDeque<Post>,
+    in_flight: HashMap<usize, InFlight>,
+    /// Owners whose operations are being cancelled.
+    retiring: Vec<usize>,
+    next_cancel: Instant,
+    close_after: Vec<Weak<Endpoint>>,
+    events: Vec<Event>,
+    /// Where the provider's name and what it drives are told in log lines.
+    label: String,
+}
+
+// SAFETY: the raw op pointers in `in_flight` and `waiting` point into their owners, which are
+// carried along; the driver moves between threads but is used by one at a time.
+unsafe impl Send for Driver {}
+
+impl Driver {
+    pub fn new(queue: Queue, inbox: Arc<Inbox>, health: Arc<Health>, label: String) -> Self {
+        Driver {
+            queue,
+            inbox,
+            health,
+            waiting: VecDeque::new(),
+            in_flight: HashMap::new(),
+            retiring: Vec::new(),
+            next_cancel: Instant::now(),
+            close_after: Vec::new(),
+            events: Vec::with_capacity(crate::endpoint::CQ_BATCH),
+            label,
+        }
+    }
+
+    pub fn endpoint(&self) -> &Arc<Endpoint> {
+        self.queue.endpoint()
+    }
+
+    /// Nothing queued, waiting or in the provider's hands.
+    pub fn idle(&self) -> bool {
+        self.inbox.is_empty() && self.waiting.is_empty() && self.in_flight.is_empty()
+    }
+
+    /// Whether this (sending) endpoint waits for a receiving endpoint of this process that
+    /// is still open: it must not be driven once its own users are gone (the receiver may
+    /// close at any time, and progress would then touch the receiver's freed memory).
+    pub fn waits_for_receiver(&self) -> bool {
+        self.close_after.iter().any(|w| w.strong_count() > 0)
+    }
+
+    pub fn in_flight(&self) -> usize {
+        self.in_flight.len() + self.waiting.len()
+    }
+
+    /// One round: take commands, post, read completions, repeat cancels. Returns how much
+    /// happened (0: nothing to do). An error means the queue itself failed; it is also
+    /// recorded in [`Health`].
+    pub fn turn(&mut self) -> Result<usize> {
+        if let Some(e) = self.health.broken() {
+            return Err(Error::Remote(e.to_string()));
+        }
+        let mut work = self.take_commands();
+        work += self.post_waiting();
+        match self.read_completions() {
+            Ok(n) => work += n,
+            Err(e) => {
+                let _ = self.health.broken.set(e.to_string());
+                tracing::warn!("{}: completion queue failed: {e}", self.label);
+                return Err(e);
+            }
+        }
+        if !self.retiring.is_empty() && Instant::now() >= self.next_cancel {
+            self.cancel_retiring();
+        }
+        Ok(work)
+    }
+
+    fn take_commands(&mut self) -> usize {
+        let commands = self.inbox.take();
+        let n = commands.len();
+        for c in commands {
+            match c {
+                Command::Post(p) => self.waiting.push_back(p),
+                Command::Retire(key) => {
+                    self.waiting.retain(|p| {
+                        if owner_key(&p.owner) != key {
+                            return true;
+                        }
+                        // SAFETY: the op lives in its owner, which `p` still holds.
+                        unsafe { &*p.op }.fail_with(
+                            libc::ECANCELED,
+                            0,
+                            "cancelled before it was posted".into(),
+                        );
+                        false
+                    });
+                    if !self.retiring.contains(&key) {
+                        self.retiring.push(key);
+                    }
+                    self.next_cancel = Instant::now();
+                }
+                Command::CloseAfter(receiver) => self.close_after.push(receiver),
+            }
+        }
+        n
+    }
+
+    /// Posts what waits, oldest first. A destination (or the receive side) that answers
+    /// EAGAIN is skipped for the rest of the round, so one full peer does not hold back the
+    /// others.
+    fn post_waiting(&mut self) -> usize {
+        if self.waiting.is_empty() {
+            return 0;
+        }
+        let mut posted = 0;
+        let mut blocked_dests: Vec<sys::fi_addr_t> = Vec::new();
+        let mut receives_blocked = false;
+        let mut kept = VecDeque::new();
+        while let Some(p) = self.waiting.pop_front() {
+            let blocked = match &p.transfer {
+                Transfer::Send { dest, .. } => blocked_dests.contains(dest),
+                Transfer::Recv { .. } => receives_blocked,
+            };
+            if blocked {
+                kept.push_back(p);
+                continue;
+            }
+            match self.hand_over(p) {
+                Some(p) => {
+                    match &p.transfer {
+                        Transfer::Send { dest, .. } => blocked_dests.push(*dest),
+                        Transfer::Recv { .. } => receives_blocked = true,
+                    }
+                    kept.push_back(p);
+                }
+                None => posted += 1,
+            }
+        }
+        self.waiting = kept;
+        posted
+    }
+
+    /// Posts one operation now, on behalf of an NCCL call (lanes driven by NCCL's calls):
+    /// first a turn (progress, and what others handed in), then the post. Gives the
+    /// operation back when the provider says EAGAIN, so NCCL calls again (and drives
+    /// progress each time) as it does for any "not now".
+    pub fn post_now(&mut self, p: Post) -> Result<Option<Post>> {
+        self.turn()?;
+        Ok(self.hand_over(p))
+    }
+
+    /// Hands one operation to the provider. `Some(p)` back: it said EAGAIN. A refused
+    /// operation is failed with the provider's error (its owner hears it from `test`).
+    fn hand_over(&mut self, p: Post) -> Option<Post> {
+        match self.post(&p) {
+            Ok(Some(capacity)) => {
+                // SAFETY: as in take_commands.
+                let op = unsafe { &*p.op };
+                op.mark_posted();
+                self.in_flight.insert(
+                    op.context() as usize,
+                    InFlight {
+                        op: p.op,
+                        owner: p.owner,
+                        posted: capacity,
+                    },
+                );
+                None
+            }
+            Ok(None) => Some(p),
+            Err(e) => {
+                let code = match &e {
+                    Error::Fabric { code, .. } => *code,
+                    _ => libc::EIO,
+                };
+                // SAFETY: as in take_commands.
+                unsafe { &*p.op }.fail_with(code, 0, e.to_string());
+                None
+            }
+        }
+    }
+
+    /// Hands one operation to the provider: `Ok(Some(posted))` when taken (`posted`: NCCL's
+    /// bytes of a receive), `Ok(None)` for EAGAIN.
+    fn post(&mut self, p: &Post) -> Result<Option<Option<usize>>> {
+        // SAFETY: the op lives in its owner, held by `p`.
+        let ctx = unsafe { &*p.op }.context();
+        match p.transfer {
+            Transfer::Send {
+                buf,
+                len,
+                desc,
+                dest,
+                tag,
+            } => {
+                // SAFETY: the owner keeps buffer, descriptor and op alive until completion
+                // (or until the queue is closed, which happens before the owner is dropped).
+                let taken = unsafe { self.queue.send(buf, len, desc, dest, tag, ctx)? };
+                Ok(taken.then_some(None))
+            }
+            Transfer::Recv {
+                buf,
+                len,
+                desc,
+                tag,
+            } => {
+                let ep = self.queue.endpoint();
+                let overflow = ep
+                    .overflow
+                    .then(|| crate::overflow::for_receive(len, ep.max_msg_size))
+                    .flatten();
+                let mut iov = [
+                    libc::iovec {
+                        iov_base: buf,
+                        iov_len: len,
+                    },
+                    libc::iovec {
+                        iov_base: std::ptr::null_mut(),
+                        iov_len: 0,
+                    },
+                ];
+                let mut descs = [desc, std::ptr::null_mut()];
+                let pieces = match overflow {
+                    Some((area, room)) => {
+                        iov[1] = libc::iovec {
+                            iov_base: area.cast(),
+                            iov_len: room,
+                        };
+                        2
+                    }
+                    None => 1,
+                };
+                // SAFETY: as for sends; the overflow area is mapped for the process's life.
+                let taken = unsafe {
+                    self.queue.recv(
+                        &iov[..pieces],
+                        &mut descs[..pieces],
+                        sys::ADDR_UNSPEC,
+                        tag,
+                        0,
+                        ctx,
+                    )?
+                };
+                Ok(taken.then_some(Some(len)))
+            }
+        }
+    }
+
+    fn read_completions(&mut self) -> Result<usize> {
+        let mut total = 0;
+        for _ in 0..POLL_ROUNDS {
+            let mut events = std::mem::take(&mut self.events);
+            events.clear();
+            let n = self.queue.poll(&mut events)?;
+            for e in events.drain(..) {
+                self.settle(e);
+            }
+            self.events = events;
+            total += n;
+            if n < crate::endpoint::CQ_BATCH {
+                break;
+            }
+        }
+        Ok(total)
+    }
+
+    /// Records one completion in its operation, and lets go of the operation's owner.
+    fn settle(&mut self, e: Event) {
+        let context = match &e {
+            Event::Done { context, .. } => *context,
+            Event::Failed(f) => f.context,
+        };
+        if context.is_null() {
+            if let Event::Failed(f) = &e {
+                self.stray_error(f);
+            }
+            return;
+        }
+        let Some(entry) = self.in_flight.remove(&(context as usize)) else {
+            tracing::warn!(
+                "{}: the provider completed an operation this endpoint did not post \
+                 (context {context:p}); ignored",
+                self.label
+            );
+            return;
+        };
+        // SAFETY: the op lives in `entry.owner`, which is dropped only after this.
+        let op = unsafe { &*entry.op };
+        match e {
+            Event::Done { len, .. } => match entry.posted {
+                Some(posted) if len > posted => {
+                    crate::overflow::release(len - posted);
+                    op.fail_with(
+                        sys::FI_ETRUNC as i32,
+                        len - posted,
+                        "message longer than the receive".into(),
+                    );
+                }
+                _ => op.complete(len),
+            },
+            Event::Failed(f) => op.fail(f),
+        }
+        drop(entry.owner);
+    }
+
+    /// An error entry the provider wrote without an operation: an error of the endpoint
+    /// itself (rxm writes these when a connection fails, shm when a peer's remote access
+    /// fails). It cannot be tied to a comm; users are told to check their peers now.
+    fn stray_error(&mut self, f: &Failure) {
+        let n = self.health.stray_errors.fetch_add(1, Ordering::AcqRel);
+        if n.is_power_of_two() || n == 0 {
+            tracing::warn!(
+                "{}: the provider reported an error not tied to any operation: {} (err {}, \
+                 provider err {}); comms waiting on this endpoint check their peers now \
+                 ({} such error(s) so far)",
+                self.label,
+                if f.text.is_empty() {
+                    crate::error::fi_strerror(f.err.abs())
+                } else {
+                    f.text.clone()
+                },
+                f.err,
+                f.prov_errno,
+                n + 1
+            );
+        }
+    }
+
+    fn cancel_retiring(&mut self) {
+        let retiring = &self.retiring;
+        let contexts: Vec<usize> = self
+            .in_flight
+            .iter()
+            .filter(|(_, f)| retiring.contains(&owner_key(&f.owner)))
+            .map(|(&c, _)| c)
+            .collect();
+        for c in contexts {
+            self.queue.cancel(c);
+        }
+        // Owners with nothing left in flight or waiting are done retiring.
+        let (in_flight, waiting) = (&self.in_flight, &self.waiting);
+        self.retiring.retain(|&k| {
+            in_flight.values().any(|f| owner_key(&f.owner) == k)
+                || waiting.iter().any(|p| owner_key(&p.owner) == k)
+        });
+        self.next_cancel = Instant::now() + CANCEL_INTERVAL;
+    }
+
+    /// Cancels everything still in flight (when the endpoint is being given up).
+    pub fn cancel_all(&mut self) {
+        let contexts: Vec<usize> = self.in_flight.keys().copied().collect();
+        for c in contexts {
+            self.queue.cancel(c);
+        }
+        for p in self.waiting.drain(..) {
+            // SAFETY: as in take_commands.
+            unsafe { &*p.op }.fail_with(libc::ECANCELED, 0, "endpoint closed".into());
+        }
+    }
+
+    /// Closes the endpoint (or, for a sender whose receiver in this process is still open,
+    /// leaves it to that receiver to close after itself), then lets go of the owners of
+    /// whatever was still in flight.
+    pub fn finish(mut self) {
+        let _ = self.take_commands();
+        for p in self.waiting.drain(..) {
+            // SAFETY: as in take_commands.
+            unsafe { &*p.op }.fail_with(libc::ECANCELED, 0, "endpoint closed".into());
+        }
+        if !self.in_flight.is_empty() {
+            tracing::debug!(
+                "{}: closing with {} operation(s) still in the provider's hands",
+                self.label,
+                self.in_flight.len()
+            );
+        }
+        let keep: Vec<Owner> = self.in_flight.drain().map(|(_, f)| f.owner).collect();
+        let retired = Retired {
+            queue: self.queue,
+            keep,
+        };
+        match self.close_after.iter().find_map(Weak::upgrade) {
+            Some(receiver) => receiver.close_before(retired),
+            None => drop(retired),
+        }
+    }
+}

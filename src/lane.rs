@@ -1,0 +1,336 @@
+//! Lanes: the data endpoints of a device, and the pool that hands them to comms.
+//!
+//! A lane is one endpoint (on a libfabric domain of its own: libfabric 2.x tcp drives all
+//! sockets of a domain under one lock) with its driver. Its driver is fixed when it opens:
+//! its own progress thread ([`crate::progress`]), or NCCL's calls, which take turns under
+//! the lane's lock. Either way, NCCL's isend/irecv only hand operations to the driver
+//! ([`Lane::submit`]); nothing else posts.
+//!
+//! Comms of a device share `NCCL_FABRIC_LANES` receiving and as many sending lanes, handed
+//! out in turn (receiving and sending apart, so two ranks of one process never send to their
+//! own endpoint, which some providers cannot), or get a lane each
+//! (`NCCL_FABRIC_ENDPOINTS=comm`). A lane counts its users (comms and registrations); when
+//! the last one goes it leaves the pool, and its driver closes the endpoint, or, if the
+//! provider still holds operations, is handed to the control thread to finish the job.
+
+use crate::driver::{Command, Driver, Health, Inbox, Post};
+use crate::endpoint::Endpoint;
+use crate::error::Result;
+use crate::fabric::Domain;
+use crate::progress::Progress;
+use crate::sys;
+use crate::tags::Tags;
+use parking_lot::Mutex;
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Weak};
+
+/// Which side of a comm pair a lane serves.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Role {
+    /// Receive comms (made by accept).
+    Receiving = 0,
+    /// Send comms (made by connect).
+    Sending = 1,
+}
+
+/// Who drives a lane.
+enum Link {
+    /// NCCL's calls, one at a time under the lane's lock.
+    Caller(Driver),
+    /// Its own progress thread.
+    Thread(Progress),
+    /// Retired.
+    Gone,
+}
+
+/// One data endpoint and its driver.
+pub struct Lane {
+    pub endpoint: Arc<Endpoint>,
+    pub role: Role,
+    pub tags: Tags,
+    /// Whether a progress thread drives it (else NCCL's calls do).
+    pub threaded: bool,
+    inbox: Arc<Inbox>,
+    health: Arc<Health>,
+    link: Mutex<Link>,
+    next_id: AtomicU64,
+    /// Peers already in the address vector: each address is inserted once.
+    peers: Mutex<HashMap<Vec<u8>, sys::fi_addr_t>>,
+    /// Comms and registrations using the lane (changed under the pool's lock).
+    users: AtomicUsize,
+    pool: Weak<LanePool>,
+    /// Its place in the pool (`None`: a lane of one comm).
+    slot: Option<usize>,
+}
+
+impl Lane {
+    /// Hands an operation to the driver. A progress thread takes everything (it retries
+    /// what the provider refuses for now); with NCCL's calls driving, it is posted at once,
+    /// and given back (`Some`) when the provider says "not now", for NCCL to call again.
+    pub fn submit(&self, post: Post) -> Result<Option<Post>> {
+        if self.threaded {
+            self.inbox.push(Command::Post(post));
+            return self.health.check().map(|_| None);
+        }
+        let back = match &mut *self.link.lock() {
+            Link::Caller(d) => d.post_now(post)?,
+            _ => {
+                return Err(crate::error::Error::InvalidArgument(
+                    "the endpoint is closed".into(),
+                ))
+            }
+        };
+        self.health.check()?;
+        Ok(back)
+    }
+
+    /// Progress for lanes of the same device that NCCL's calls drive, when a request has
+    /// waited a while: NCCL's calls are their one driver, and a rank waiting on a receive
+    /// may be what a send of its own lane needs to move. A lane busy in another call is
+    /// skipped.
+    pub fn drive_neighbours(&self) {
+        let Some(pool) = self.pool.upgrade() else {
+            return;
+        };
+        let members: Vec<Weak<Lane>> = pool.members.lock().clone();
+        for lane in members.iter().filter_map(Weak::upgrade) {
+            if lane.threaded || std::ptr::eq(&*lane, self) {
+                continue;
+            }
+            if let Some(mut link) = lane.link.try_lock() {
+                if let Link::Caller(d) = &mut *link {
+                    let _ = d.turn();
+                }
+            }
+        }
+    }
+
+    /// Withdraws and cancels the operations of the owner with this key (a closing comm).
+    pub fn retire_owner(&self, key: usize) {
+        self.inbox.push(Command::Retire(key));
+        if let Err(e) = self.drive() {
+            tracing::debug!("while cancelling a closed comm's operations: {e}");
+        }
+    }
+
+    /// Keeps this (sending) lane's endpoint open until `receiver` has closed.
+    pub fn close_after(&self, receiver: Weak<Endpoint>) {
+        self.inbox.push(Command::CloseAfter(receiver));
+    }
+
+    /// Progress on behalf of an NCCL call: one turn of the driver, unless a progress thread
+    /// drives. Errors of the endpoint itself are returned.
+    pub fn drive(&self) -> Result<()> {
+        if !self.threaded {
+            if let Link::Caller(d) = &mut *self.link.lock() {
+                d.turn()?;
+            }
+        }
+        self.health.check()
+    }
+
+    pub fn health(&self) -> &Health {
+        &self.health
+    }
+
+    /// A comm id unique on this lane.
+    pub fn next_id(&self) -> u64 {
+        self.next_id.fetch_add(1, Ordering::Relaxed) & self.tags.id_mask()
+    }
+
+    /// The fi_addr of a peer address, inserting it into the address vector the first time.
+    /// An address naming an endpoint of this process must be one that is open (see quirks).
+    pub fn peer(&self, addr: &[u8]) -> Result<sys::fi_addr_t> {
+        let mut peers = self.peers.lock();
+        if let Some(&a) = peers.get(addr) {
+            return Ok(a);
+        }
+        crate::endpoint::check_peer_address(&self.endpoint.provider, addr)?;
+        let a = self.endpoint.insert(addr)?;
+        peers.insert(addr.to_vec(), a);
+        Ok(a)
+    }
+
+    /// One more user (a registration) of a lane that already has one (its comm).
+    pub fn add_user(&self) {
+        self.users.fetch_add(1, Ordering::AcqRel);
+    }
+
+    /// One user fewer; the last one retires the lane.
+    pub fn release_user(self: &Arc<Self>) {
+        match self.pool.upgrade() {
+            Some(pool) => pool.release(self),
+            None => {
+                if self.users.fetch_sub(1, Ordering::AcqRel) == 1 {
+                    self.retire(None);
+                }
+            }
+        }
+    }
+
+    /// Takes the driver back from whoever drives, and closes the endpoint, or hands the
+    /// driver to `adopt` when the provider still holds operations.
+    fn retire(&self, adopt: Option<&Adopt>) {
+        let link = std::mem::replace(&mut *self.link.lock(), Link::Gone);
+        let driver = match link {
+            Link::Caller(d) => Some(d),
+            Link::Thread(p) => p.stop(),
+            Link::Gone => None,
+        };
+        let Some(mut driver) = driver else { return };
+        // Cancels withdrawn a moment ago may complete on this turn.
+        let _ = driver.turn();
+        match adopt {
+            Some(adopt) if !driver.idle() && !driver.waits_for_receiver() => adopt(driver),
+            _ => driver.finish(),
+        }
+    }
+}
+
+/// Where a retired lane's driver goes when the provider still holds operations.
+pub type Adopt = Box<dyn Fn(Driver) + Send + Sync>;
+
+/// What every lane of a device is opened with.
+pub struct LaneConfig {
+    /// The device's domain; each lane opens a sibling of it.
+    pub domain: Arc<Domain>,
+    /// With GPU buffers allowed, every endpoint must answer setopt as the probe did.
+    pub expected_answer: Option<i32>,
+    pub threaded: bool,
+    pub lanes: usize,
+    pub per_comm: bool,
+    /// The device's name, for log lines.
+    pub label: String,
+    pub adopt: Adopt,
+}
+
+/// One role's shared lanes, and which one the next comm gets.
+type RoleSlots = (Vec<Option<Arc<Lane>>>, usize);
+
+/// A device's lanes.
+pub struct LanePool {
+    config: LaneConfig,
+    /// Per role, the shared lanes and which one the next comm gets.
+    slots: Mutex<[RoleSlots; 2]>,
+    /// Every lane of the pool, shared or not (for [`Lane::drive_neighbours`]).
+    members: Mutex<Vec<Weak<Lane>>>,
+    opened: AtomicUsize,
+}
+
+impl LanePool {
+    pub fn new(config: LaneConfig) -> Arc<Self> {
+        let n = config.lanes.max(1);
+        Arc::new(LanePool {
+            config,
+            slots: Mutex::new([(vec![None; n], 0), (vec![None; n], 0)]),
+            members: Mutex::new(Vec::new()),
+            opened: AtomicUsize::new(0),
+        })
+    }
+
+    /// How many endpoints this pool has opened so far.
+    pub fn opened(&self) -> usize {
+        self.opened.load(Ordering::Relaxed)
+    }
+
+    /// A lane for a new comm, opened if its turn has none yet. The pool's lock is not held
+    /// while the endpoint opens.
+    pub fn acquire(self: &Arc<Self>, role: Role) -> Result<Arc<Lane>> {
+        if self.config.per_comm {
+            return self.open(role, None);
+        }
+        let index = {
+            let mut slots = self.slots.lock();
+            let (lanes, next) = &mut slots[role as usize];
+            let index = *next % lanes.len();
+            *next = next.wrapping_add(1);
+            if let Some(lane) = &lanes[index] {
+                lane.users.fetch_add(1, Ordering::AcqRel);
+                return Ok(lane.clone());
+            }
+            index
+        };
+        let fresh = self.open(role, Some(index))?;
+        let mut slots = self.slots.lock();
+        let slot = &mut slots[role as usize].0[index];
+        match slot {
+            Some(existing) => {
+                // Another comm opened this lane meanwhile: use that one.
+                existing.users.fetch_add(1, Ordering::AcqRel);
+                let existing = existing.clone();
+                drop(slots);
+                fresh.retire(None);
+                Ok(existing)
+            }
+            None => {
+                *slot = Some(fresh.clone());
+                Ok(fresh)
+            }
+        }
+    }
+
+    fn release(&self, lane: &Arc<Lane>) {
+        let last = {
+            let mut slots = self.slots.lock();
+            let last = lane.users.fetch_sub(1, Ordering::AcqRel) == 1;
+            if let (true, Some(i)) = (last, lane.slot) {
+                let slot = &mut slots[lane.role as usize].0[i];
+                if slot.as_ref().is_some_and(|l| Arc::ptr_eq(l, lane)) {
+                    *slot = None;
+                }
+            }
+            last
+        };
+        if last {
+            lane.retire(Some(&self.config.adopt));
+        }
+    }
+
+    fn open(self: &Arc<Self>, role: Role, slot: Option<usize>) -> Result<Arc<Lane>> {
+        let c = &self.config;
+        let domain = c.domain.sibling()?;
+        let (endpoint, queue) = Endpoint::open(&domain, c.expected_answer)?;
+        let inbox = Arc::new(Inbox::default());
+        let health = Arc::new(Health::default());
+        let label = format!("{} endpoint on {}", endpoint.provider, c.label);
+        let driver = Driver::new(queue, inbox.clone(), health.clone(), label);
+        let (link, threaded) = match c.threaded {
+            true => match Progress::spawn(driver, &inbox) {
+                Ok(p) => (Link::Thread(p), true),
+                Err(d) => (Link::Caller(*d), false),
+            },
+            false => (Link::Caller(driver), false),
+        };
+        tracing::debug!(
+            "endpoint opened on {} for {:?} comms (setopt FI_OPT_CUDA_API_PERMITTED=false \
+             answered {}; {})",
+            c.label,
+            role,
+            crate::provider::errno_name(endpoint.cuda_api_answer),
+            match threaded {
+                true => "its progress thread drives it",
+                false => "NCCL's calls drive it",
+            }
+        );
+        self.opened.fetch_add(1, Ordering::Relaxed);
+        let lane = Arc::new(Lane {
+            tags: Tags::new(domain.info.info().mem_tag_format()),
+            endpoint,
+            role,
+            threaded,
+            inbox,
+            health,
+            link: Mutex::new(link),
+            next_id: AtomicU64::new(crate::random::u64()),
+            peers: Mutex::new(HashMap::new()),
+            users: AtomicUsize::new(1),
+            pool: Arc::downgrade(self),
+            slot,
+        });
+        let mut members = self.members.lock();
+        members.retain(|l| l.strong_count() > 0);
+        members.push(Arc::downgrade(&lane));
+        Ok(lane)
+    }
+}

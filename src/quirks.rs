@@ -1,0 +1,130 @@
+//! What the plugin knows about particular providers, in one place: each item names the
+//! provider and libfabric versions it was seen with, and what the plugin does about it.
+//!
+//! - **shm names**: shm names an endpoint's shared-memory file after its source address
+//!   (`fi_shm://<pid>` plus uid and a counter). A file left in /dev/shm by a process that died
+//!   keeps that name; when a later process gets the same pid, `fi_enable` fails with EBUSY.
+//!   Endpoints get a random part per process in their name ([`shm_source_name`]).
+//! - **Sends to this process's own dead shm names**: libfabric 2.1 shm spins forever in
+//!   `fi_tsend` (`smr_verify_peer`, `pthread_spin_lock`) when sending to an address of this
+//!   process that no open endpoint has any more. Addresses naming this process are only
+//!   accepted for endpoints that are open ([`names_this_process`]).
+//! - **Endpoints that were never enabled** crash `fi_close` (1.17 `tcp;ofi_rxm`, 2.1 `sm2`):
+//!   such an endpoint is left open ([`close_unenabled_endpoints`]).
+//! - **Same-process shm senders**: a receiving shm endpoint that holds messages nobody
+//!   received from a sender of the same process writes into the sender's memory when it
+//!   closes (libfabric 2.1, segfault in `smr_discard` if the sender was closed first), so a
+//!   sending endpoint whose receiver lives in this process stays open until the receiver
+//!   has closed ([`sender_waits_for_receiver`]).
+//! - **Truncation**: a message larger than its receive hangs shm (1.17: inside `fi_cq_read`;
+//!   2.1: `cma_copy` loops forever) and crashes 2.1 `tcp;ofi_rxm` later in `fi_close`
+//!   (`rxm_close_conn`). Receives therefore carry an overflow area after NCCL's buffer, so the
+//!   provider never truncates and the plugin reports the sizes itself (see `overflow`).
+//! - **Native tcp** RDM hangs under NCCL (ofiwg/libfabric#8963): refused unless allowed
+//!   ([`native_tcp_refusal`]).
+//! - **No link speed**: shm and sm2 report none; NCCL then opens 2 channels at the 100 Gb/s it
+//!   assumes. They are announced at 400 Gb/s so NCCL opens 4 and 4 endpoints copy at once
+//!   (all_reduce busbw at 1 GiB: 9.3 → 14.5 GB/s on a 32-core machine) ([`unreported_speed_mbps`]).
+
+use crate::error::Result;
+use crate::fabric::{Info, OwnedInfo};
+use std::sync::OnceLock;
+
+/// Speed reported when neither the provider nor `NCCL_FABRIC_SPEED_MBPS` gives one.
+pub const DEFAULT_SPEED_MBPS: u64 = 100_000;
+/// Speed reported for shared-memory providers (shm, sm2), which report no link.
+pub const SHARED_MEMORY_SPEED_MBPS: u64 = 400_000;
+
+/// Providers that only reach peers on the same host.
+pub fn local_only(provider: &str) -> bool {
+    matches!(provider, "shm" | "sm2")
+}
+
+/// The speed to announce for a provider that reports no link speed.
+pub fn unreported_speed_mbps(provider: &str) -> u64 {
+    if local_only(provider) {
+        SHARED_MEMORY_SPEED_MBPS
+    } else {
+        DEFAULT_SPEED_MBPS
+    }
+}
+
+/// Why native tcp is refused, unless the user allowed it.
+pub fn native_tcp_refusal(provider: &str, allowed: bool) -> Option<&'static str> {
+    (provider == "tcp" && !allowed).then_some(
+        "native tcp RDM hangs under NCCL (ofiwg/libfabric#8963); use tcp;ofi_rxm, or set \
+         NCCL_FABRIC_ALLOW_NATIVE_TCP=yes",
+    )
+}
+
+/// Whether an endpoint whose setup failed before `fi_enable` may be closed. No: some
+/// providers crash in `fi_close` then, so it is left open (a few KiB, once per failure).
+pub fn close_unenabled_endpoints() -> bool {
+    false
+}
+
+/// Whether a sending endpoint must stay open until its receiving endpoint in this same
+/// process has closed.
+pub fn sender_waits_for_receiver(provider: &str) -> bool {
+    local_only(provider)
+}
+
+/// The random part this process adds to shm endpoint names.
+fn process_nonce() -> u32 {
+    static NONCE: OnceLock<u32> = OnceLock::new();
+    *NONCE.get_or_init(|| crate::random::u64() as u32)
+}
+
+/// The prefix every shm address of this process starts with: `fi_shm://<pid>-<nonce>`.
+fn own_shm_prefix() -> String {
+    format!("fi_shm://{}-{:08x}", std::process::id(), process_nonce())
+}
+
+/// For shm, the endpoint's info with a source address no earlier process can have used.
+pub fn shm_source_name(info: Info<'_>) -> Result<Option<OwnedInfo>> {
+    let default = format!("fi_shm://{}", std::process::id());
+    if info.provider() != "shm" || info.src_addr_str().as_deref() != Some(default.as_str()) {
+        return Ok(None);
+    }
+    info.with_src_addr_str(&own_shm_prefix()).map(Some)
+}
+
+/// Whether a peer address names an endpoint of this very process (shm addresses carry the
+/// pid and this process's random part). Such an address must be one of the endpoints open
+/// now: sending to a closed one hangs libfabric 2.1 shm.
+pub fn names_this_process(provider: &str, addr: &[u8]) -> bool {
+    if provider != "shm" {
+        return false;
+    }
+    let text = addr.split(|&b| b == 0).next().unwrap_or_default();
+    let prefix = own_shm_prefix();
+    text.starts_with(prefix.as_bytes()) && matches!(text.get(prefix.len()), None | Some(b':'))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn own_shm_addresses_are_recognised() {
+        let mine = format!("{}:0:3\0", own_shm_prefix());
+        assert!(names_this_process("shm", mine.as_bytes()));
+        assert!(!names_this_process("tcp;ofi_rxm", mine.as_bytes()));
+        let other = format!("fi_shm://{}-00000000:0:3\0", std::process::id());
+        assert!(
+            !names_this_process("shm", other.as_bytes()) || process_nonce() == 0,
+            "another process with our pid number (another pid namespace) is not us"
+        );
+        let longer = format!("{}0:0:3", own_shm_prefix());
+        assert!(!names_this_process("shm", longer.as_bytes()));
+    }
+
+    #[test]
+    fn speeds_and_refusals() {
+        assert_eq!(unreported_speed_mbps("shm"), SHARED_MEMORY_SPEED_MBPS);
+        assert_eq!(unreported_speed_mbps("tcp;ofi_rxm"), DEFAULT_SPEED_MBPS);
+        assert!(native_tcp_refusal("tcp", false).is_some());
+        assert!(native_tcp_refusal("tcp", true).is_none());
+        assert!(native_tcp_refusal("tcp;ofi_rxm", false).is_none());
+    }
+}
