@@ -12,7 +12,7 @@
 //! and close never waits.
 
 use crate::control::{now_ms, Peer};
-use crate::driver::{owner_key, Owner, Post, Transfer};
+use crate::driver::{owner_key, Owner, Post, SinkSpec, Transfer};
 use crate::error::{Error, Result};
 use crate::handshake::Identity;
 use crate::lane::Lane;
@@ -60,8 +60,13 @@ pub struct Comm {
     /// After how long an unfinished request is reported (`NCCL_FABRIC_STALL_WARN_MS`).
     stall_warn: Option<Duration>,
     closed: AtomicBool,
+    /// A request of it failed for a reason of the peer or the connection.
+    failed: AtomicBool,
     /// The lane's count of errors without an operation, as this comm last saw it.
     stray_seen: AtomicU64,
+    /// Since when (ms) the provider has refused this comm's posts, 0 if it took the last one:
+    /// a peer that stops taking messages is watched like one that stops answering them.
+    refused_since: AtomicU64,
 }
 
 impl opaque::Kind for Arc<Comm> {
@@ -122,7 +127,9 @@ impl Comm {
             requests,
             stall_warn,
             closed: AtomicBool::new(false),
+            failed: AtomicBool::new(false),
             stray_seen,
+            refused_since: AtomicU64::new(0),
         });
         let me = Arc::as_ptr(&comm).cast_mut();
         for r in comm.requests.iter() {
@@ -203,6 +210,7 @@ impl Comm {
                 len,
                 desc,
                 tag,
+                ignore: 0,
             },
         };
         let owner: Owner = self.clone();
@@ -214,15 +222,26 @@ impl Comm {
         match self.lane.submit(post) {
             Ok(None) => {
                 *seq = seq.wrapping_add(1);
+                self.refused_since.store(0, Ordering::Relaxed);
                 Ok(Some(request::pack(req, generation)))
             }
             Ok(Some(_not_now)) => {
                 // The provider said EAGAIN: NCCL calls again with the same buffer. What the
                 // provider waits for may be progress on another lane (shm connects to a peer
-                // of this process only once that peer's endpoint progresses).
+                // of this process only once that peer's endpoint progresses), or a peer that
+                // died with its queues full.
                 req.release();
                 drop(seq);
                 self.lane.drive_neighbours();
+                let now = now_ms();
+                let since = match self.refused_since.load(Ordering::Relaxed) {
+                    0 => {
+                        self.refused_since.store(now, Ordering::Relaxed);
+                        now
+                    }
+                    t => t,
+                };
+                self.check_peer(Duration::from_millis(now - since))?;
                 Ok(None)
             }
             Err(e) => {
@@ -233,6 +252,7 @@ impl Comm {
     }
 
     fn peer_lost(&self, why: &str) -> Error {
+        self.failed.store(true, Ordering::Release);
         Error::Remote(format!(
             "the peer {} is gone: {why}; the job cannot continue on this comm",
             self.me.describe(&self.peer.who)
@@ -240,11 +260,22 @@ impl Comm {
     }
 
     /// `closeSend`/`closeRecv`: returns at once. The driver cancels what is still in
-    /// flight and keeps this comm's memory until the provider lets go of it.
+    /// flight and keeps this comm's memory until the provider lets go of it; a receive comm
+    /// also leaves a sink for messages of its peer that nothing will receive now.
     pub fn close(self: Arc<Self>) {
         self.closed.store(true, Ordering::Release);
         let owner: Owner = self.clone();
-        self.lane.retire_owner(owner_key(&owner));
+        let healthy =
+            |c: &Comm| !c.failed.load(Ordering::Acquire) && c.peer.liveness.dead().is_none();
+        let sink = (self.dir == Direction::Recv && healthy(&self)).then(|| {
+            let comm = self.clone();
+            SinkSpec {
+                tag: self.lane.tags.data(self.id, 0),
+                ignore: self.lane.tags.seq_mask(),
+                alive: Box::new(move || healthy(&comm)),
+            }
+        });
+        self.lane.retire_owner(owner_key(&owner), sink);
         self.lane.release_user();
     }
 
@@ -267,6 +298,12 @@ impl Comm {
                 );
             }
         }
+        self.check_peer(waited)
+    }
+
+    /// Whether the peer lives, for something that has waited `waited` on it (probing it
+    /// when that is long enough, or at once after an error of the endpoint itself).
+    fn check_peer(&self, waited: Duration) -> Result<()> {
         let stray = self.lane.health().stray_errors();
         let urgent = self.stray_seen.swap(stray, Ordering::AcqRel) != stray;
         self.peer
@@ -338,6 +375,12 @@ impl Request {
                 let f = self.op.failure();
                 let posted = self.posted.load(Ordering::Relaxed);
                 self.release();
+                let truncated = f
+                    .as_ref()
+                    .is_some_and(|f| f.err.unsigned_abs() == sys::FI_ETRUNC);
+                if !truncated {
+                    comm.failed.store(true, Ordering::Release);
+                }
                 Err(match f {
                     // Providers differ in the sign of `err` (shm reports -FI_ETRUNC).
                     Some(f) if f.err.unsigned_abs() == sys::FI_ETRUNC => Error::Truncated {

@@ -191,6 +191,15 @@ impl ListenComm {
         let r = &incoming.connect;
         let reply_to = r.field(0, WHAT)?.to_vec();
         let data_addr = r.field(1, WHAT)?.to_vec();
+        if let Some(l) = &incoming.local {
+            if l.sender.strong_count() == 0 {
+                return Err(Error::Remote(
+                    "the connect (from this process) gave up before this accept: its \
+                     NCCL_FABRIC_CONNECT_TIMEOUT_MS passed"
+                        .into(),
+                ));
+            }
+        }
         let device: &Device = &plugin.devices[self.device];
         let lane = device.lanes.acquire(Role::Receiving)?;
         let id = lane.next_id();

@@ -32,11 +32,15 @@ use std::thread::Thread;
 use std::time::{Duration, Instant};
 
 /// The tag of every control message (control endpoints carry nothing else).
-const CONTROL_TAG: u64 = 0x4e46;
+pub const CONTROL_TAG: u64 = 0x4e46;
 /// Receives kept posted on each control endpoint.
 const RECEIVES: usize = 16;
 /// How long connect/accept keep the thread polling fast after their last call.
 const HURRY_MS: u64 = 200;
+/// A retired endpoint's sinks are cancelled once they took nothing in for this long.
+const SINKS_QUIET: Duration = Duration::from_millis(200);
+/// How long finalize lets retired endpoints finish before closing them regardless.
+const FLUSH_WAIT: Duration = Duration::from_secs(2);
 
 /// Milliseconds on a monotonic clock (since the first call; never 0).
 pub fn now_ms() -> u64 {
@@ -508,6 +512,11 @@ fn run(mb: &'static Mailbox) {
                 },
                 Job::Adopt(d, deadline) => adopted.push((d, deadline)),
                 Job::Flush(done) => {
+                    let until = Instant::now() + FLUSH_WAIT;
+                    while !adopted.is_empty() && Instant::now() < until {
+                        adopted.retain_mut(|(d, _)| !d.wind_down(SINKS_QUIET));
+                        std::thread::sleep(Duration::from_millis(1));
+                    }
                     for (d, _) in adopted.drain(..) {
                         close_adopted(d);
                     }
@@ -523,8 +532,7 @@ fn run(mb: &'static Mailbox) {
         let mut i = 0;
         while i < adopted.len() {
             let (d, deadline) = &mut adopted[i];
-            let _ = d.turn();
-            if d.idle() || now >= *deadline {
+            if d.wind_down(SINKS_QUIET) || now >= *deadline {
                 let (d, _) = adopted.swap_remove(i);
                 close_adopted(d);
             } else {
@@ -547,12 +555,12 @@ fn run(mb: &'static Mailbox) {
 }
 
 fn close_adopted(mut d: Driver) {
-    if !d.idle() {
+    if !d.empty() {
         tracing::debug!(
             "closing an endpoint with {} operation(s) the provider still held",
             d.in_flight()
         );
-        d.cancel_all();
+        d.cancel_all(true);
         let _ = d.turn();
     }
     d.finish();
@@ -636,6 +644,7 @@ impl Station {
                 len: MSG_SIZE,
                 desc: std::ptr::null_mut(),
                 tag: CONTROL_TAG,
+                ignore: 0,
             },
         }));
     }

@@ -23,8 +23,38 @@ use std::time::{Duration, Instant};
 
 /// Completion batches read per turn before returning.
 const POLL_ROUNDS: usize = 8;
-/// How often cancels are repeated for a closed owner's operations.
-const CANCEL_INTERVAL: Duration = Duration::from_millis(5);
+
+/// Messages a closed receiving comm's sink takes in and drops: messages its peer sent (or
+/// sends yet) that no receive of the comm will take. Left alone they would stay in the
+/// provider (shm keeps large unexpected messages in buffers it shares with every comm
+/// between the same two endpoints, and stops moving data when they run out). NCCL keeps at
+/// most 32 requests per comm in flight.
+pub const SINK_MESSAGES: u32 = 2 * crate::nccl::NET_MAX_REQUESTS as u32;
+
+/// Which messages a sink takes in, and while when: posting a receive that matches a message
+/// left by a connection that died crashes 2.1 tcp;ofi_rxm (`rxm_handle_rx_buf`), so a sink
+/// stops as soon as its comm's peer is known gone.
+pub struct SinkSpec {
+    pub tag: u64,
+    pub ignore: u64,
+    pub alive: Box<dyn Fn() -> bool + Send>,
+}
+
+/// A receive that takes in and drops a closed comm's messages.
+struct Sink {
+    op: Arc<SinkOp>,
+    spec: SinkSpec,
+    left: u32,
+}
+
+#[derive(Default)]
+struct SinkOp {
+    op: Op,
+}
+
+fn is_sink(owner: &Owner) -> bool {
+    owner.is::<SinkOp>()
+}
 
 /// What keeps an operation's memory alive while the provider holds it.
 pub type Owner = Arc<dyn Any + Send + Sync>;
@@ -48,6 +78,8 @@ pub enum Transfer {
         len: usize,
         desc: *mut c_void,
         tag: u64,
+        /// Tag bits that need not match.
+        ignore: u64,
     },
 }
 
@@ -65,8 +97,15 @@ unsafe impl Send for Post {}
 /// What other threads ask of a driver.
 pub enum Command {
     Post(Post),
-    /// Withdraw the queued and cancel the posted operations of the owner with this key.
-    Retire(usize),
+    /// Withdraw the queued operations of the owner with this key (a comm that closed). Its
+    /// posted ones are left to finish: cancelling a receive the provider is already
+    /// filling breaks shm for every other comm between the same endpoints. For a receiving
+    /// owner, `sink` (tag and ignored bits) names the messages still to come for it, which
+    /// are then taken in and dropped (see [`SINK_MESSAGES`]).
+    Retire {
+        owner: usize,
+        sink: Option<SinkSpec>,
+    },
     /// Close this endpoint only after `receiver` has closed (see
     /// `quirks::sender_waits_for_receiver`).
     CloseAfter(Weak<Endpoint>),
@@ -149,10 +188,10 @@ pub struct Driver {
     /// Taken from the inbox, not yet accepted by the provider (it said EAGAIN).
     waiting: VecDeque<Post>,
     in_flight: HashMap<usize, InFlight>,
-    /// Owners whose operations are being cancelled.
-    retiring: Vec<usize>,
-    next_cancel: Instant,
     close_after: Vec<Weak<Endpoint>>,
+    sinks: Vec<Sink>,
+    /// When a sink was last posted or took in a message.
+    sink_activity: Instant,
     events: Vec<Event>,
     /// Where the provider's name and what it drives are told in log lines.
     label: String,
@@ -170,9 +209,9 @@ impl Driver {
             health,
             waiting: VecDeque::new(),
             in_flight: HashMap::new(),
-            retiring: Vec::new(),
-            next_cancel: Instant::now(),
             close_after: Vec::new(),
+            sinks: Vec::new(),
+            sink_activity: Instant::now(),
             events: Vec::with_capacity(crate::endpoint::CQ_BATCH),
             label,
         }
@@ -183,8 +222,12 @@ impl Driver {
     }
 
     /// Nothing queued, waiting or in the provider's hands.
+    /// Nothing left to do but sinks (which take in a closed comm's stragglers as long as the
+    /// endpoint stays open).
     pub fn idle(&self) -> bool {
-        self.inbox.is_empty() && self.waiting.is_empty() && self.in_flight.is_empty()
+        self.inbox.is_empty()
+            && self.waiting.iter().all(|p| is_sink(&p.owner))
+            && self.in_flight.values().all(|f| is_sink(&f.owner))
     }
 
     /// Whether this (sending) endpoint waits for a receiving endpoint of this process that
@@ -215,8 +258,8 @@ impl Driver {
                 return Err(e);
             }
         }
-        if !self.retiring.is_empty() && Instant::now() >= self.next_cancel {
-            self.cancel_retiring();
+        if !self.sinks.is_empty() {
+            self.renew_sinks();
         }
         Ok(work)
     }
@@ -227,7 +270,18 @@ impl Driver {
         for c in commands {
             match c {
                 Command::Post(p) => self.waiting.push_back(p),
-                Command::Retire(key) => {
+                Command::Retire { owner: key, sink } => {
+                    let usable = |s: &SinkSpec| self.queue.endpoint().overflow && (s.alive)();
+                    if let Some(spec) = sink.filter(usable) {
+                        let sink = Sink {
+                            op: Arc::default(),
+                            spec,
+                            left: SINK_MESSAGES,
+                        };
+                        self.post_sink(&sink);
+                        self.sinks.push(sink);
+                        self.sink_activity = Instant::now();
+                    }
                     self.waiting.retain(|p| {
                         if owner_key(&p.owner) != key {
                             return true;
@@ -240,10 +294,6 @@ impl Driver {
                         );
                         false
                     });
-                    if !self.retiring.contains(&key) {
-                        self.retiring.push(key);
-                    }
-                    self.next_cancel = Instant::now();
                 }
                 Command::CloseAfter(receiver) => self.close_after.push(receiver),
             }
@@ -349,6 +399,7 @@ impl Driver {
                 len,
                 desc,
                 tag,
+                ignore,
             } => {
                 let ep = self.queue.endpoint();
                 let overflow = ep
@@ -383,7 +434,7 @@ impl Driver {
                         &mut descs[..pieces],
                         sys::ADDR_UNSPEC,
                         tag,
-                        0,
+                        ignore,
                         ctx,
                     )?
                 };
@@ -472,36 +523,83 @@ impl Driver {
         }
     }
 
-    fn cancel_retiring(&mut self) {
-        let retiring = &self.retiring;
+    fn post_sink(&mut self, sink: &Sink) {
+        sink.op.op.mark_queued();
+        self.waiting.push_back(Post {
+            op: &sink.op.op,
+            owner: sink.op.clone(),
+            // Nothing of NCCL's: the whole message goes to the overflow area.
+            transfer: Transfer::Recv {
+                buf: std::ptr::null_mut(),
+                len: 0,
+                desc: std::ptr::null_mut(),
+                tag: sink.spec.tag,
+                ignore: sink.spec.ignore,
+            },
+        });
+    }
+
+    /// Posts again each sink that took in a message, while it has messages left.
+    fn renew_sinks(&mut self) {
+        let mut sinks = std::mem::take(&mut self.sinks);
+        sinks.retain_mut(|s| {
+            if !s.op.op.status().finished() {
+                return true;
+            }
+            self.sink_activity = Instant::now();
+            s.left -= 1;
+            if s.left == 0 || !(s.spec.alive)() {
+                return false;
+            }
+            self.post_sink(s);
+            true
+        });
+        self.sinks = sinks;
+    }
+
+    /// Nothing at all in the provider's hands or waiting for it.
+    pub fn empty(&self) -> bool {
+        self.inbox.is_empty() && self.waiting.is_empty() && self.in_flight.is_empty()
+    }
+
+    /// One round for an endpoint nobody uses any more: once only sinks are left and they have
+    /// taken nothing in for `quiet`, they are cancelled too. Returns whether the endpoint is
+    /// [`Driver::empty`], so it can close (2.1 tcp;ofi_rxm cannot close the domain of an
+    /// endpoint closed with operations still posted).
+    pub fn wind_down(&mut self, quiet: Duration) -> bool {
+        let _ = self.turn();
+        if !self.sinks.is_empty() && self.idle() && self.sink_activity.elapsed() >= quiet {
+            self.cancel_all(true);
+            let _ = self.turn();
+        }
+        self.empty()
+    }
+
+    /// Cancels what is still in flight or waiting (its owners are gone): all of it, or all
+    /// but the sinks, which go on taking in stragglers, so that a peer's sends to closed
+    /// comms finish rather than being dropped with the endpoint (2.1 tcp;ofi_rxm cannot
+    /// close a domain whose endpoint closed with unfinished sends).
+    pub fn cancel_all(&mut self, sinks_too: bool) {
+        if sinks_too {
+            self.sinks.clear();
+        }
         let contexts: Vec<usize> = self
             .in_flight
             .iter()
-            .filter(|(_, f)| retiring.contains(&owner_key(&f.owner)))
+            .filter(|(_, f)| sinks_too || !is_sink(&f.owner))
             .map(|(&c, _)| c)
             .collect();
         for c in contexts {
             self.queue.cancel(c);
         }
-        // Owners with nothing left in flight or waiting are done retiring.
-        let (in_flight, waiting) = (&self.in_flight, &self.waiting);
-        self.retiring.retain(|&k| {
-            in_flight.values().any(|f| owner_key(&f.owner) == k)
-                || waiting.iter().any(|p| owner_key(&p.owner) == k)
-        });
-        self.next_cancel = Instant::now() + CANCEL_INTERVAL;
-    }
-
-    /// Cancels everything still in flight (when the endpoint is being given up).
-    pub fn cancel_all(&mut self) {
-        let contexts: Vec<usize> = self.in_flight.keys().copied().collect();
-        for c in contexts {
-            self.queue.cancel(c);
-        }
-        for p in self.waiting.drain(..) {
+        self.waiting.retain(|p| {
+            if !sinks_too && is_sink(&p.owner) {
+                return true;
+            }
             // SAFETY: as in take_commands.
             unsafe { &*p.op }.fail_with(libc::ECANCELED, 0, "endpoint closed".into());
-        }
+            false
+        });
     }
 
     /// Closes the endpoint (or, for a sender whose receiver in this process is still open,

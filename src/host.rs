@@ -5,7 +5,7 @@
 //! exercises. Calls return the plugin's `ncclResult_t` as a [`CallError`] when it is not
 //! success; waits take a deadline so nothing built on this can hang.
 
-use crate::nccl::{self, NetV8, PropertiesV8, NET_HANDLE_MAXSIZE};
+use crate::nccl::{self, NetV11, NetV8, PropertiesV8, NET_HANDLE_MAXSIZE};
 use std::ffi::{c_int, c_void, CStr, CString};
 use std::path::{Path, PathBuf};
 use std::ptr;
@@ -88,6 +88,7 @@ pub struct Properties {
 pub struct PluginLib {
     handle: *mut c_void,
     table: &'static NetV8,
+    v11: Option<&'static NetV11>,
 }
 
 // SAFETY: the library handle and the immutable table may be used from any thread.
@@ -140,7 +141,13 @@ impl PluginLib {
         // SAFETY: the symbol is the plugin's immutable v8 table, alive while the library is
         // loaded, and the library is never unloaded (see Drop).
         let table = unsafe { &*sym.cast::<NetV8>() };
-        Ok(PluginLib { handle, table })
+        // SAFETY: as above, for the v11 table where the plugin has one.
+        let v11 = unsafe {
+            libc::dlsym(handle, c"ncclNetPlugin_v11".as_ptr())
+                .cast::<NetV11>()
+                .as_ref()
+        };
+        Ok(PluginLib { handle, table, v11 })
     }
 
     /// Looks up any symbol (for checking what the library exports).
@@ -172,6 +179,35 @@ impl PluginLib {
         };
         // SAFETY: calling the plugin's init as NCCL does.
         check("init", unsafe { (self.table.init)(logger) })
+    }
+
+    /// The v11 table's per-communicator `init`, as NCCL 2.28 calls it: returns the context.
+    pub fn init_v11(&self, comm_id: u64, with_logger: bool) -> CallResult<Ptr> {
+        let v11 = self.v11.ok_or(CallError {
+            call: "init(v11)",
+            code: -1,
+        })?;
+        let logger: nccl::Logger = if with_logger {
+            Some(nccl_net_fabric_host_logger)
+        } else {
+            None
+        };
+        let mut ctx = ptr::null_mut();
+        // SAFETY: calling the plugin's v11 init as NCCL does, with an out-pointer.
+        check("init(v11)", unsafe {
+            (v11.init)(&mut ctx, comm_id, ptr::null_mut(), logger, ptr::null_mut())
+        })?;
+        Ok(Ptr(ctx))
+    }
+
+    /// The v11 table's `finalize` for a context `init_v11` returned.
+    pub fn finalize_v11(&self, ctx: Ptr) -> CallResult<()> {
+        let v11 = self.v11.ok_or(CallError {
+            call: "finalize(v11)",
+            code: -1,
+        })?;
+        // SAFETY: ctx came from init_v11 and is finalized once.
+        check("finalize(v11)", unsafe { (v11.finalize)(ctx.0) })
     }
 
     pub fn devices(&self) -> CallResult<i32> {

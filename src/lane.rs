@@ -106,9 +106,10 @@ impl Lane {
         }
     }
 
-    /// Withdraws and cancels the operations of the owner with this key (a closing comm).
-    pub fn retire_owner(&self, key: usize) {
-        self.inbox.push(Command::Retire(key));
+    /// Withdraws and cancels the operations of the owner with this key (a closing comm);
+    /// `sink` as in [`Command::Retire`].
+    pub fn retire_owner(&self, key: usize, sink: Option<crate::driver::SinkSpec>) {
+        self.inbox.push(Command::Retire { owner: key, sink });
         if let Err(e) = self.drive() {
             tracing::debug!("while cancelling a closed comm's operations: {e}");
         }
@@ -179,10 +180,13 @@ impl Lane {
             Link::Gone => None,
         };
         let Some(mut driver) = driver else { return };
-        // Cancels withdrawn a moment ago may complete on this turn.
+        // Nobody uses the endpoint any more: what is still posted is cancelled (but sinks,
+        // which let the peer's last sends finish), and cancellations may complete now.
+        let _ = driver.turn();
+        driver.cancel_all(false);
         let _ = driver.turn();
         match adopt {
-            Some(adopt) if !driver.idle() && !driver.waits_for_receiver() => adopt(driver),
+            Some(adopt) if !driver.empty() && !driver.waits_for_receiver() => adopt(driver),
             _ => driver.finish(),
         }
     }

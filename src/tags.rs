@@ -34,6 +34,10 @@ impl Tags {
     pub fn id_mask(&self) -> u64 {
         self.id_mask
     }
+    /// The sequence bits of a data tag.
+    pub fn seq_mask(&self) -> u64 {
+        (1 << SEQ_BITS) - 1
+    }
     pub fn data(&self, id: u64, seq: u64) -> u64 {
         ((id & self.id_mask) << SEQ_BITS) | (seq & ((1 << SEQ_BITS) - 1))
     }
