@@ -490,14 +490,36 @@ fn child_cycles() {
         lib.close_send(send).expect("closeSend");
         lib.close_recv(recv).expect("closeRecv");
     };
+    // Closes return at once; endpoints the provider still held operations on close in
+    // the background within a moment (see control::adopt), so counts are read once they
+    // settled, with a deadline.
+    let settled = |limit: Option<(usize, usize)>| {
+        let until = Instant::now() + Duration::from_secs(10);
+        loop {
+            let now = (open_fds(), heap_in_use());
+            let done = match limit {
+                Some((fds, heap)) => now.0 <= fds && now.1 <= heap + (256 << 10),
+                None => {
+                    std::thread::sleep(Duration::from_millis(500));
+                    now == (open_fds(), heap_in_use())
+                }
+            };
+            if done || Instant::now() > until {
+                return now;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    };
     for _ in 0..5 {
         cycle(&lib);
     }
-    let (fds, heap, rss) = (open_fds(), heap_in_use(), rss_kib());
+    let (fds, heap) = settled(None);
+    let rss = rss_kib();
     for _ in 0..50 {
         cycle(&lib);
     }
-    let (fds2, heap2, rss2) = (open_fds(), heap_in_use(), rss_kib());
+    let (fds2, heap2) = settled(Some((fds, heap)));
+    let rss2 = rss_kib();
     println!("RESULT fds={fds}->{fds2}");
     println!("RESULT heap={heap}->{heap2}");
     println!("RESULT rss_kib={rss}->{rss2}");

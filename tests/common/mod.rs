@@ -6,6 +6,8 @@
 //! deadline and is killed when it passes it.
 #![allow(dead_code)]
 
+pub mod stranger;
+
 use nccl_net_fabric::host::PluginLib;
 use std::io::{BufRead, BufReader, Read, Write};
 use std::process::{Child, Command, Stdio};
@@ -83,9 +85,55 @@ impl Finished {
     }
 }
 
-pub fn spawn_child(name: &str, env: &[(String, String)], timeout: Duration) -> ChildTest {
+/// How much slower than usual this run is (`NFAB_SLOW`, e.g. 30 under valgrind): every
+/// deadline of the fault tests is stretched by it.
+pub fn slow() -> f64 {
+    std::env::var("NFAB_SLOW")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .filter(|&f: &f64| f >= 1.0)
+        .unwrap_or(1.0)
+}
+
+/// `secs` seconds, stretched by [`slow`].
+pub fn scaled(secs: f64) -> Duration {
+    Duration::from_secs_f64(secs * slow())
+}
+
+/// The command that runs a child: the test binary, under valgrind memcheck when
+/// `NFAB_VALGRIND_DIR` names a folder for its logs (scripts/valgrind-faults.sh).
+fn child_command(wrapper: &[&str]) -> Command {
     let exe = std::env::current_exe().expect("test binary path");
-    let mut child = Command::new(exe)
+    let mut argv: Vec<String> = wrapper.iter().map(|s| s.to_string()).collect();
+    if let Ok(dir) = std::env::var("NFAB_VALGRIND_DIR") {
+        argv.extend([
+            "valgrind".to_string(),
+            "--tool=memcheck".into(),
+            "--fair-sched=yes".into(),
+            "--num-callers=40".into(),
+            format!("--log-file={dir}/%p.log"),
+        ]);
+    }
+    argv.push(exe.to_string_lossy().into_owned());
+    let mut cmd = Command::new(&argv[0]);
+    cmd.args(&argv[1..]);
+    cmd
+}
+
+pub fn spawn_child(name: &str, env: &[(String, String)], timeout: Duration) -> ChildTest {
+    spawn_child_in(name, env, timeout, &[])
+}
+
+/// As [`spawn_child`], with the child started through `wrapper` (e.g. `unshare --pid
+/// --fork --kill-child`: a pid namespace of its own, as on another host).
+pub fn spawn_child_in(
+    name: &str,
+    env: &[(String, String)],
+    timeout: Duration,
+    wrapper: &[&str],
+) -> ChildTest {
+    let timeout = timeout.mul_f64(slow());
+    let mut child = child_command(wrapper)
         .args([
             name,
             "--exact",
