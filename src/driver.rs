@@ -629,3 +629,58 @@ impl Driver {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::fabric::{runtime_version, Domain, Fabric, InfoList};
+    use crate::provider::Pass;
+
+    /// A driver over a real shm endpoint of this process.
+    fn shm_driver() -> (Driver, Arc<Health>) {
+        let settings = crate::settings::Settings::from_lookup(|k| {
+            (k == crate::settings::PROVIDER).then(|| "shm".to_string())
+        })
+        .expect("settings");
+        let hints = crate::discover::hints(Pass::Host, &settings);
+        let list = InfoList::get(runtime_version(), &hints).expect("fi_getinfo");
+        let info = list.iter().next().expect("an shm entry");
+        let fabric = Fabric::open(info).expect("fabric");
+        let domain = Domain::open(&fabric, info).expect("domain");
+        let (_, queue) = Endpoint::open(&domain, None).expect("endpoint");
+        let health = Arc::new(Health::default());
+        let driver = Driver::new(queue, Arc::default(), health.clone(), "test".into());
+        (driver, health)
+    }
+
+    #[test]
+    fn errors_without_an_operation_and_unknown_contexts_are_survived() {
+        let (mut d, health) = shm_driver();
+        // An error of the endpoint itself, as rxm and shm write them (no context).
+        d.settle(Event::Failed(Failure {
+            context: std::ptr::null_mut(),
+            err: libc::ECONNRESET,
+            prov_errno: 0,
+            olen: 0,
+            text: String::new(),
+        }));
+        assert_eq!(health.stray_errors(), 1, "counted, so comms check their peers");
+        assert!(health.broken().is_none(), "the endpoint itself goes on");
+        // A completion for an operation this driver never posted is not dereferenced.
+        let bogus = 0x5eed_0000usize as *mut c_void;
+        d.settle(Event::Done {
+            context: bogus,
+            len: 8,
+        });
+        d.settle(Event::Failed(Failure {
+            context: bogus,
+            err: libc::EIO,
+            prov_errno: 0,
+            olen: 0,
+            text: String::new(),
+        }));
+        assert!(d.turn().is_ok());
+        assert!(d.empty());
+        d.finish();
+    }
+}

@@ -1,0 +1,98 @@
+//! The shape of the crate, checked from its source: which module uses which (`crate::x`
+//! paths outside test code). No circle of imports; the plugin's core (state decided at init)
+//! does not reach into comms and connections; the libfabric layer and the drivers know
+//! nothing of NCCL's objects.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::Path;
+
+/// Module name → the modules it uses.
+fn graph() -> BTreeMap<String, BTreeSet<String>> {
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+    let mut text: BTreeMap<String, String> = BTreeMap::new();
+    for entry in std::fs::read_dir(&src).expect("src") {
+        let path = entry.expect("entry").path();
+        let name = path.file_stem().unwrap().to_string_lossy().into_owned();
+        if path.is_dir() {
+            if path.join("mod.rs").exists() {
+                let mut all = String::new();
+                for f in std::fs::read_dir(&path).expect("module folder") {
+                    all += &std::fs::read_to_string(f.expect("file").path()).unwrap_or_default();
+                }
+                text.insert(name, all);
+            }
+        } else if path.extension().is_some_and(|e| e == "rs") && name != "lib" {
+            text.insert(name, std::fs::read_to_string(&path).expect("read"));
+        }
+    }
+    let names: BTreeSet<String> = text.keys().cloned().collect();
+    text.iter()
+        .map(|(m, t)| {
+            // Test code may use anything.
+            let code = t.split("#[cfg(test)]").next().unwrap_or("");
+            let uses = code
+                .match_indices("crate::")
+                .filter_map(|(i, _)| {
+                    let rest = &code[i + 7..];
+                    let end = rest
+                        .find(|c: char| !(c.is_ascii_lowercase() || c == '_'))
+                        .unwrap_or(rest.len());
+                    let used = &rest[..end];
+                    (names.contains(used) && used != m).then(|| used.to_string())
+                })
+                .collect();
+            (m.clone(), uses)
+        })
+        .collect()
+}
+
+#[test]
+fn no_module_imports_itself_through_others() {
+    let g = graph();
+    assert!(g.len() > 20, "modules found: {:?}", g.keys());
+    // Depth-first search for a back edge.
+    fn visit(
+        m: &str,
+        g: &BTreeMap<String, BTreeSet<String>>,
+        state: &mut BTreeMap<String, u8>,
+        path: &mut Vec<String>,
+    ) {
+        state.insert(m.to_string(), 1);
+        path.push(m.to_string());
+        for n in &g[m] {
+            match state.get(n.as_str()) {
+                Some(1) => panic!("circle of imports: {} -> {n}", path.join(" -> ")),
+                Some(_) => {}
+                None => visit(n, g, state, path),
+            }
+        }
+        path.pop();
+        state.insert(m.to_string(), 2);
+    }
+    let mut state = BTreeMap::new();
+    for m in g.keys() {
+        if !state.contains_key(m.as_str()) {
+            visit(m, &g, &mut state, &mut Vec::new());
+        }
+    }
+}
+
+#[test]
+fn layers_do_not_reach_up() {
+    let g = graph();
+    let forbidden: &[(&str, &[&str])] = &[
+        ("plugin", &["comm", "connection", "mr", "exports"]),
+        ("device", &["comm", "connection", "mr", "exports", "plugin"]),
+        ("control", &["comm", "connection", "device", "lane", "plugin", "exports"]),
+        ("lane", &["comm", "connection", "device", "control", "plugin", "exports"]),
+        ("driver", &["comm", "connection", "device", "control", "lane", "plugin"]),
+        ("endpoint", &["driver", "lane", "comm", "control", "device", "plugin"]),
+        ("fabric", &["endpoint", "driver", "lane", "comm", "plugin"]),
+    ];
+    for (m, never) in forbidden {
+        let uses = &g[*m];
+        for n in *never {
+            assert!(!uses.contains(*n), "{m} uses {n}: {uses:?}");
+        }
+    }
+}
