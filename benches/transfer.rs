@@ -23,7 +23,11 @@ use std::time::{Duration, Instant};
 const SIZES: &[usize] = &[4 << 10, 64 << 10, 512 << 10, 1 << 20, 4 << 20];
 const IN_FLIGHT: usize = 8;
 const BYTES_PER_SIZE: usize = 512 << 20;
-const PINGS: usize = 5000;
+const PINGS: usize = 2000;
+/// The 8-byte ping-pong is measured this many times, raw and plugin in turn, and reported as
+/// median and spread: a busy machine (every core taken by other work) turns single runs
+/// bimodal, since a spinning side that loses its core waits out a scheduler time slice.
+const LATENCY_RUNS: usize = 10;
 
 fn iters(size: usize) -> usize {
     (BYTES_PER_SIZE / size).clamp(16, 20_000)
@@ -313,11 +317,32 @@ fn run_one(provider: &str) {
             plugin / raw
         );
     }
-    let raw_lat = ping_pong(&raw_send, &raw_back_recv, &raw_back_send, &raw_recv);
-    let plugin_lat = ping_pong(&p_send, &p_back_recv, &p_back_send, &p_recv);
+    let (mut raw_lat, mut plugin_lat) = (Vec::new(), Vec::new());
+    for _ in 0..LATENCY_RUNS {
+        raw_lat.push(ping_pong(
+            &raw_send,
+            &raw_back_recv,
+            &raw_back_send,
+            &raw_recv,
+        ));
+        plugin_lat.push(ping_pong(&p_send, &p_back_recv, &p_back_send, &p_recv));
+    }
+    let spread = |v: &mut Vec<f64>| {
+        v.sort_by(f64::total_cmp);
+        let text = v
+            .iter()
+            .map(|x| format!("{x:.1}"))
+            .collect::<Vec<_>>()
+            .join(" ");
+        (v[v.len() / 2], text)
+    };
+    let ((raw_med, raw_all), (plugin_med, plugin_all)) =
+        (spread(&mut raw_lat), spread(&mut plugin_lat));
+    println!("8 B half round trip over {LATENCY_RUNS} runs (us, sorted): raw {raw_all}");
+    println!("{:>52} plugin {plugin_all}", "");
     println!(
-        "8 B half round trip: raw {raw_lat:.2} us, plugin {plugin_lat:.2} us, ratio {:.2}",
-        plugin_lat / raw_lat
+        "8 B half round trip, median: raw {raw_med:.2} us, plugin {plugin_med:.2} us, ratio {:.2}",
+        plugin_med / raw_med
     );
     let geo = ratios.iter().map(|r| r.ln()).sum::<f64>() / ratios.len() as f64;
     println!(

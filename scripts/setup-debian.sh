@@ -11,6 +11,7 @@ packages=(
   libclang-dev clang
   autoconf automake libtool make xz-utils
   dpkg-dev ca-certificates
+  valgrind util-linux
 )
 
 missing=()

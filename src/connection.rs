@@ -268,8 +268,7 @@ pub fn connect(
                     lane: None,
                     control: None,
                     slot: Arc::default(),
-                    sent: false,
-                    deadline: Instant::now() + timeout,
+                    sent: None,
                 }),
                 last_call: Mutex::new(Instant::now()),
             })
@@ -287,7 +286,8 @@ pub fn connect(
 }
 
 fn advance(c: &mut Connecting, device: &Device, plugin: &Plugin) -> Result<Option<Arc<Comm>>> {
-    if Instant::now() > c.deadline {
+    let timeout = Duration::from_millis(plugin.settings.connect_timeout_ms);
+    if c.sent.is_some_and(|t| t.elapsed() > timeout) {
         return Err(Error::Remote(format!(
             "the listener ({}) did not answer within {} ms: it exited, closed its listen comm, \
              or the handle is stale (raise NCCL_FABRIC_CONNECT_TIMEOUT_MS if peers are just \
@@ -315,7 +315,7 @@ fn advance(c: &mut Connecting, device: &Device, plugin: &Plugin) -> Result<Optio
     };
     let local = c.handle.nonce == control.nonce;
     // Step 2: CONNECT.
-    if !c.sent {
+    if c.sent.is_none() {
         let connect = Record {
             kind: Kind::Connect,
             a: c.handle.token,
@@ -323,7 +323,7 @@ fn advance(c: &mut Connecting, device: &Device, plugin: &Plugin) -> Result<Optio
             who: control.me,
             fields: vec![control.address.clone(), lane.endpoint.name.clone()],
         };
-        c.sent = true;
+        c.sent = Some(Instant::now());
         if local {
             let incoming = Incoming {
                 connect,

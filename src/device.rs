@@ -94,8 +94,9 @@ pub struct Connecting {
     pub lane: Option<Arc<Lane>>,
     pub control: Option<Arc<Control>>,
     pub slot: Arc<ConnectSlot>,
-    pub sent: bool,
-    pub deadline: Instant,
+    /// When the CONNECT went out: the timeout counts from then (opening this side's
+    /// endpoint is not waiting for the peer).
+    pub sent: Option<Instant>,
 }
 
 impl Drop for Connecting {

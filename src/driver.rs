@@ -664,7 +664,11 @@ mod tests {
             olen: 0,
             text: String::new(),
         }));
-        assert_eq!(health.stray_errors(), 1, "counted, so comms check their peers");
+        assert_eq!(
+            health.stray_errors(),
+            1,
+            "counted, so comms check their peers"
+        );
         assert!(health.broken().is_none(), "the endpoint itself goes on");
         // A completion for an operation this driver never posted is not dereferenced.
         let bogus = 0x5eed_0000usize as *mut c_void;

@@ -83,10 +83,29 @@ fn layers_do_not_reach_up() {
     let forbidden: &[(&str, &[&str])] = &[
         ("plugin", &["comm", "connection", "mr", "exports"]),
         ("device", &["comm", "connection", "mr", "exports", "plugin"]),
-        ("control", &["comm", "connection", "device", "lane", "plugin", "exports"]),
-        ("lane", &["comm", "connection", "device", "control", "plugin", "exports"]),
-        ("driver", &["comm", "connection", "device", "control", "lane", "plugin"]),
-        ("endpoint", &["driver", "lane", "comm", "control", "device", "plugin"]),
+        (
+            "control",
+            &["comm", "connection", "device", "lane", "plugin", "exports"],
+        ),
+        (
+            "lane",
+            &[
+                "comm",
+                "connection",
+                "device",
+                "control",
+                "plugin",
+                "exports",
+            ],
+        ),
+        (
+            "driver",
+            &["comm", "connection", "device", "control", "lane", "plugin"],
+        ),
+        (
+            "endpoint",
+            &["driver", "lane", "comm", "control", "device", "plugin"],
+        ),
         ("fabric", &["endpoint", "driver", "lane", "comm", "plugin"]),
     ];
     for (m, never) in forbidden {
