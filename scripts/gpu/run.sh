@@ -10,16 +10,21 @@
 #   doctor       the plugin's provider report on this machine (libfabric with CUDA)
 #   loading      NCCL_NET_PLUGIN=<path>, NCCL_NET_PLUGIN=fabric and LD_PRELOAD, INFO/TRACE lines
 #   allreduce    all_reduce_perf: Socket, tcp;ofi_rxm, shm
-#   variants     all_reduce_perf with posts from NCCL's thread, 1 lane, one domain, shm at 2 channels,
-#                shm's endpoints shared; native tcp refused
+#   variants     all_reduce_perf without progress threads, with 1 lane, shm at 2 channels, shm's
+#                endpoints shared; native tcp refused
+#   compare      all_reduce_perf side by side: Socket (as shipped and 4 threads x 4 sockets), and
+#                tcp;ofi_rxm and shm through the plugin in $BASELINE_DIR and through this one,
+#                each with CPU seconds and peak RSS of the run
 #   collectives  all_reduce, all_gather, sendrecv, alltoall: Socket, tcp;ofi_rxm, native tcp, shm
 #   mpi          all_reduce_perf as 2 processes (mpirun): Socket, tcp;ofi_rxm, native tcp, shm
 #   torch        torch.distributed all-reduce, 2 processes (torchrun), result checked
 #   runs         the runs listed in $RUNS_FILE, one per line: NAME TEST socket|fabric [VAR=VALUE ...]
 #   all          libfabric nccltests doctor loading collectives variants mpi torch (about 10 min)
+#   issue10      libfabric nccltests compare torch loading
 #
 # scripts/gpu/prepare.sh makes the inputs on the Debian build machine. Inputs (environment):
 #   PLUGIN_DIR        folder with libnccl_net_fabric.so and nccl-net-fabric (default .scratch/gpu-in/plugin)
+#   BASELINE_DIR      folder with an earlier libnccl_net_fabric.so, for compare (default .scratch/gpu-in/baseline)
 #   LIBFABRIC_TARBALL libfabric source: a tree prepared with ./autogen.sh (GPU machines may have no
 #                     libtool) or the orig tarball (default: whichever is in .scratch/gpu-in)
 #   NCCL_TESTS_SRC    a copy of NVIDIA/nccl-tests, kept out of this repository (default .scratch/gpu-in/nccl-tests)
@@ -35,6 +40,7 @@ cd "$repo"
 
 in=$repo/.scratch/gpu-in
 PLUGIN_DIR=${PLUGIN_DIR:-$in/plugin}
+BASELINE_DIR=${BASELINE_DIR:-$in/baseline}
 LIBFABRIC_TARBALL=${LIBFABRIC_TARBALL:-$(ls "$in"/libfabric-2.1.0-autogen.tar.xz "$in"/libfabric_2.1.0.orig.tar.xz 2>/dev/null | head -n1)}
 NCCL_TESTS_SRC=${NCCL_TESTS_SRC:-$in/nccl-tests}
 OUT=${OUT:-$repo/.scratch/gpu-out}
@@ -127,23 +133,25 @@ stage_doctor() {
 }
 
 # run NAME TEST [VAR=VALUE ...]: one nccl-tests run through the plugin (or Socket), timed out
-# at $TIMEOUT; appends a summary row.
+# at $TIMEOUT, its CPU seconds and peak RSS measured; appends a summary row.
 run() {
   local name=$1 test=$2
   shift 2
-  local logf=$OUT/logs/$name.log
+  local logf=$OUT/logs/$name.log cost=$OUT/logs/$name.cost
   log "run $name ($test)"
   local start=$SECONDS
+  rm -f "$cost"
   env NCCL_P2P_DISABLE=1 NCCL_SHM_DISABLE=1 NCCL_DEBUG=INFO NCCL_DEBUG_SUBSYS=INIT,NET "$@" \
+    python3 scripts/gpu/measure.py "$cost" \
     timeout -k 10 "$TIMEOUT" "$NCCL_TESTS_DIR/$test" -b "$MINBYTES" -e "$MAXBYTES" -f 4 -g 2 -n "$ITERS" -w "$WARMUP" \
     >"$logf" 2>&1
   local rc=$?
-  row "$name" "$test" "$logf" "$rc" $((SECONDS - start))
+  row "$name" "$test" "$logf" "$rc" $((SECONDS - start)) "$(cat "$cost" 2>/dev/null)"
 }
 
-# row NAME TEST LOG RC SECONDS: summary line from an nccl-tests log.
+# row NAME TEST LOG RC SECONDS [COST]: summary line from an nccl-tests log.
 row() {
-  local name=$1 test=$2 logf=$3 rc=$4 secs=$5
+  local name=$1 test=$2 logf=$3 rc=$4 secs=$5 cost=${6:-}
   local avg gib wrong via status
   avg=$(awk -F: '/Avg bus bandwidth/ {gsub(/[ A-Z]/,"",$2); print $2}' "$logf" | tail -1)
   gib=$(awk '$1 == 1073741824 && NF >= 13 {print $8}' "$logf" | tail -1)
@@ -154,7 +162,7 @@ row() {
     124 | 137) status="HUNG (killed after ${TIMEOUT}s)" ;;
     *) status="failed rc=$rc" ;;
   esac
-  echo "| $name | $test | ${via:-?} | ${gib:--} | ${avg:--} | $wrong | $status | ${secs}s |" >>"$summary"
+  echo "| $name | $test | ${via:-?} | ${gib:--} | ${avg:--} | $wrong | $status | ${secs}s | ${cost% rc=*} |" >>"$summary"
 }
 
 table_header() {
@@ -162,8 +170,8 @@ table_header() {
     echo
     echo "## $1"
     echo
-    echo "| run | test | path | busbw @1 GiB (GB/s) | avg busbw (GB/s) | #wrong | status | time |"
-    echo "| --- | --- | --- | --- | --- | --- | --- | --- |"
+    echo "| run | test | path | busbw @1 GiB (GB/s) | avg busbw (GB/s) | #wrong | status | time | cost |"
+    echo "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"
   } >>"$summary"
 }
 
@@ -180,16 +188,34 @@ stage_allreduce() {
 
 stage_variants() {
   plugin_env
-  table_header "all_reduce_perf variants: posting thread, lanes, domains, channels, endpoint sharing; native tcp refused"
-  run rxm-caller-all_reduce all_reduce_perf $(fabric) NCCL_FABRIC_PROVIDER="tcp;ofi_rxm" NCCL_FABRIC_POST_FROM=caller
+  table_header "all_reduce_perf variants: progress threads, lanes, channels, endpoint sharing; native tcp refused"
+  run rxm-nothreads-all_reduce all_reduce_perf $(fabric) NCCL_FABRIC_PROVIDER="tcp;ofi_rxm" NCCL_FABRIC_PROGRESS_THREAD=no
   run rxm-1lane-all_reduce all_reduce_perf $(fabric) NCCL_FABRIC_PROVIDER="tcp;ofi_rxm" NCCL_FABRIC_LANES=1
-  run rxm-onedomain-all_reduce all_reduce_perf $(fabric) NCCL_FABRIC_PROVIDER="tcp;ofi_rxm" \
-    NCCL_FABRIC_LANES=1 NCCL_FABRIC_DOMAIN_PER_ENDPOINT=no
-  run shm-caller-all_reduce all_reduce_perf $(fabric) NCCL_FABRIC_PROVIDER=shm NCCL_FABRIC_POST_FROM=caller
+  run shm-nothreads-all_reduce all_reduce_perf $(fabric) NCCL_FABRIC_PROVIDER=shm NCCL_FABRIC_PROGRESS_THREAD=no
   run shm-100g-all_reduce all_reduce_perf $(fabric) NCCL_FABRIC_PROVIDER=shm NCCL_FABRIC_SPEED_MBPS=100000
   run shm-device-all_reduce all_reduce_perf $(fabric) NCCL_FABRIC_PROVIDER=shm NCCL_FABRIC_ENDPOINTS=device
   run tcp-refused all_reduce_perf $(fabric) NCCL_FABRIC_PROVIDER=tcp
   grep -h "NET/Fabric\|NET plugin" "$OUT/logs/tcp-refused.log" | cut -c1-400 | head -n 4 >"$OUT/tcp-refused.txt"
+}
+
+stage_compare() {
+  plugin_env
+  local base=$work/baseline
+  mkdir -p "$base"
+  cp -f "$BASELINE_DIR/libnccl_net_fabric.so" "$base/libnccl-net-fabric.so"
+  local old="NCCL_NET=Fabric NCCL_NET_PLUGIN=$base/libnccl-net-fabric.so"
+  table_header "all_reduce_perf side by side: $(basename "$BASELINE_DIR") plugin and this one, 2 GPUs in one process (-g 2), P2P and SHM off"
+  run socket-all_reduce all_reduce_perf $(socket)
+  run socket4x4-all_reduce all_reduce_perf $(socket) NCCL_SOCKET_NTHREADS=4 NCCL_NSOCKS_PERTHREAD=4
+  local round
+  for round in 1 2; do
+    # shellcheck disable=SC2086
+    run "before-rxm-$round" all_reduce_perf $old NCCL_FABRIC_PROVIDER="tcp;ofi_rxm"
+    run "after-rxm-$round" all_reduce_perf $(fabric) NCCL_FABRIC_PROVIDER="tcp;ofi_rxm"
+    # shellcheck disable=SC2086
+    run "before-shm-$round" all_reduce_perf $old NCCL_FABRIC_PROVIDER=shm
+    run "after-shm-$round" all_reduce_perf $(fabric) NCCL_FABRIC_PROVIDER=shm
+  done
 }
 
 stage_runs() {
@@ -277,16 +303,16 @@ stage_torch() {
   plugin_env
   local logf=$OUT/logs/torch.log
   NCCL_P2P_DISABLE=1 NCCL_SHM_DISABLE=1 NCCL_NET=Fabric NCCL_DEBUG=INFO NCCL_DEBUG_SUBSYS=INIT,NET \
-    NCCL_NET_PLUGIN="$PLUGIN_LIB/libnccl-net-fabric.so" NCCL_FABRIC_PROVIDER="tcp;ofi_rxm" \
+    NCCL_NET_PLUGIN="$PLUGIN_LIB/libnccl-net-fabric.so" NCCL_FABRIC_PROVIDER="tcp;ofi_rxm" ROUNDS=3 \
     timeout -k 10 "$TIMEOUT" torchrun --standalone --nproc_per_node 2 scripts/gpu/torch_allreduce.py \
     >"$logf" 2>&1
   local rc=$?
   {
     echo
-    echo "## PyTorch (torchrun, 2 processes, tcp;ofi_rxm)"
+    echo "## PyTorch (torchrun, 2 processes, tcp;ofi_rxm, 3 process groups one after another)"
     echo
-    echo "- rc=$rc, $(grep -o 'RESULT torch_allreduce=[a-z]*' "$logf" | head -1), $(grep -c 'via NET/Fabric' "$logf") channels via NET/Fabric"
-    grep -h '^all_reduce' "$logf" | sed 's/^/- /'
+    echo "- rc=$rc, $(grep -o 'RESULT torch_allreduce=[a-z]*' "$logf" | head -1), $(grep -c 'via NET/Fabric' "$logf") channels via NET/Fabric, $(grep -c 'Loaded net plugin Fabric' "$logf") plugin loads"
+    grep -h '^round' "$logf" | sed 's/^/- /'
   } >>"$summary"
 }
 
@@ -297,6 +323,7 @@ stage_torch() {
   echo "NCCL $(python3 -c 'import torch; print(".".join(map(str, torch.cuda.nccl.version())))' 2>/dev/null), torch $(python3 -c 'import torch; print(torch.__version__)' 2>/dev/null), libfabric 2.1.0 (built here with CUDA), $(nvidia-smi -L | wc -l) GPUs; nccl-tests -b 1M -e 1G -f 4 -n $ITERS -w $WARMUP"
 } >>"$summary"
 [ "$*" = all ] && set -- libfabric nccltests doctor loading collectives variants mpi torch
+[ "$*" = issue10 ] && set -- libfabric nccltests compare torch loading
 for stage in "$@"; do
   log "stage $stage"
   "stage_$stage" || log "stage $stage failed"
