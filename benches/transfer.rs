@@ -3,8 +3,9 @@
 //! plugin in between) in the same run.
 //!
 //! `cargo bench --bench transfer` runs `tcp;ofi_rxm` and `shm` (and native `tcp` on
-//! libfabric >= 1.18), each in its own process; `-- PROVIDER` runs one. Prints GB/s per size,
-//! the 8-byte half round trip, and plugin/raw ratios.
+//! libfabric >= 1.18), each in its own process; `-- PROVIDER` runs one, `-- --latency` only
+//! the ping-pong. Prints GB/s per size, the 8-byte half round trip (10 runs, sorted), and
+//! plugin/raw ratios.
 
 use nccl_net_fabric::discover::discover;
 use nccl_net_fabric::endpoint::{Endpoint, Event, Queue};
@@ -305,7 +306,13 @@ fn run_one(provider: &str) {
         "size", "raw GB/s", "plugin GB/s", "ratio"
     );
     let mut ratios = Vec::new();
-    for &len in SIZES {
+    // `-- --latency` measures only the ping-pong.
+    let sizes = if std::env::var("NFAB_BENCH_LATENCY_ONLY").is_ok() {
+        &[][..]
+    } else {
+        SIZES
+    };
+    for &len in sizes {
         let raw = stream(&raw_send, &raw_recv, len);
         let plugin = stream(&p_send, &p_recv, len);
         ratios.push(plugin / raw);
@@ -344,11 +351,13 @@ fn run_one(provider: &str) {
         "8 B half round trip, median: raw {raw_med:.2} us, plugin {plugin_med:.2} us, ratio {:.2}",
         plugin_med / raw_med
     );
-    let geo = ratios.iter().map(|r| r.ln()).sum::<f64>() / ratios.len() as f64;
-    println!(
-        "bandwidth ratio plugin/raw, geometric mean over sizes: {:.2}\n",
-        geo.exp()
-    );
+    if !ratios.is_empty() {
+        let geo = ratios.iter().map(|r| r.ln()).sum::<f64>() / ratios.len() as f64;
+        println!(
+            "bandwidth ratio plugin/raw, geometric mean over sizes: {:.2}\n",
+            geo.exp()
+        );
+    }
     // Close as NCCL does, so providers release what they hold (shm's /dev/shm files).
     for side in [&p_send, &p_recv, &p_back_send, &p_back_recv] {
         for (_, m) in side.mrs.lock().drain(..) {
@@ -371,6 +380,7 @@ fn main() {
         .skip(1)
         .filter(|a| !a.starts_with("--"))
         .collect();
+    let latency_only = std::env::args().any(|a| a == "--latency");
     if providers.is_empty() {
         providers = vec!["tcp;ofi_rxm".into(), "shm".into()];
         if runtime_version() >= (1 << 16 | 18) {
@@ -386,6 +396,7 @@ fn main() {
                 std::env::var("NCCL_FABRIC_DOMAINS").unwrap_or_else(|_| "lo,shm".into()),
             )
             .env("NCCL_FABRIC_ALLOW_NATIVE_TCP", "yes")
+            .envs(latency_only.then_some(("NFAB_BENCH_LATENCY_ONLY", "1")))
             .status()
             .expect("run provider benchmark");
         if !status.success() {
