@@ -4,9 +4,11 @@
 //! Other threads hand it [`Command`]s through its [`Inbox`]; whoever owns the `Driver` (a
 //! lane's progress thread, the NCCL thread holding the lane's lock, or the control thread)
 //! runs [`Driver::turn`], which posts what was handed in, reads completions into their
-//! [`Op`]s, and cancels what a closed owner left behind. Every operation in the provider's
-//! hands keeps its owner (an `Arc`) alive until its completion is read or the endpoint is
-//! closed, so closing an owner never waits and never frees memory the provider may still use.
+//! [`Op`]s, withdraws what a closed owner had not posted yet, and keeps its sinks posted.
+//! Every operation in the provider's hands keeps its owner (an `Arc`) alive until its
+//! completion is read or the endpoint is closed, so closing an owner never waits and never
+//! frees memory the provider may still use. An endpoint nobody uses any more winds down
+//! ([`Driver::wind_down`]) and closes once nothing is posted ([`Driver::finish`]).
 
 use crate::endpoint::{Endpoint, Event, Failure, Queue, Retired};
 use crate::error::{Error, Result};
@@ -31,7 +33,7 @@ const POLL_ROUNDS: usize = 8;
 /// most 32 requests per comm in flight.
 pub const SINK_MESSAGES: u32 = 2 * crate::nccl::NET_MAX_REQUESTS as u32;
 
-/// Which messages a sink takes in, and while when: posting a receive that matches a message
+/// Which messages a sink takes in, and for how long: posting a receive that matches a message
 /// left by a connection that died crashes 2.1 tcp;ofi_rxm (`rxm_handle_rx_buf`), so a sink
 /// stops as soon as its comm's peer is known gone.
 pub struct SinkSpec {
@@ -221,7 +223,6 @@ impl Driver {
         self.queue.endpoint()
     }
 
-    /// Nothing queued, waiting or in the provider's hands.
     /// Nothing left to do but sinks (which take in a closed comm's stragglers as long as the
     /// endpoint stays open).
     pub fn idle(&self) -> bool {
@@ -241,7 +242,7 @@ impl Driver {
         self.in_flight.len() + self.waiting.len()
     }
 
-    /// One round: take commands, post, read completions, repeat cancels. Returns how much
+    /// One round: take commands, post, read completions, renew sinks. Returns how much
     /// happened (0: nothing to do). An error means the queue itself failed; it is also
     /// recorded in [`Health`].
     pub fn turn(&mut self) -> Result<usize> {
@@ -418,6 +419,15 @@ impl Driver {
                 ];
                 let mut descs = [desc, std::ptr::null_mut()];
                 let pieces = match overflow {
+                    // Nothing of NCCL's (a sink): the area alone, not after an empty piece
+                    // (shm 1.17's segmented copies stall on a receive that starts with one).
+                    Some((area, room)) if len == 0 => {
+                        iov[0] = libc::iovec {
+                            iov_base: area.cast(),
+                            iov_len: room,
+                        };
+                        1
+                    }
                     Some((area, room)) => {
                         iov[1] = libc::iovec {
                             iov_base: area.cast(),
