@@ -585,6 +585,38 @@ impl Msg {
             buf: UnsafeCell::new([0; MSG_SIZE]),
         })
     }
+
+    /// Hands the message to its endpoint's driver: a send to `dest`, or a receive.
+    fn hand_to(self: &Arc<Self>, inbox: &Inbox, dest: Option<sys::fi_addr_t>) {
+        let (buf, len, desc, tag) = (
+            self.buf.get().cast(),
+            MSG_SIZE,
+            std::ptr::null_mut(),
+            CONTROL_TAG,
+        );
+        let transfer = match dest {
+            Some(dest) => Transfer::Send {
+                buf,
+                len,
+                desc,
+                dest,
+                tag,
+            },
+            None => Transfer::Recv {
+                buf,
+                len,
+                desc,
+                tag,
+                ignore: 0,
+            },
+        };
+        self.op.mark_queued();
+        inbox.push(crate::driver::Command::Post(Post {
+            op: &self.op,
+            owner: self.clone(),
+            transfer,
+        }));
+    }
 }
 
 impl Purpose {
@@ -634,19 +666,7 @@ impl Station {
     }
 
     fn post_recv(&mut self, i: usize) {
-        let msg = &self.recvs[i];
-        msg.op.mark_queued();
-        self.inbox.push(crate::driver::Command::Post(Post {
-            op: &msg.op,
-            owner: msg.clone(),
-            transfer: Transfer::Recv {
-                buf: msg.buf.get().cast(),
-                len: MSG_SIZE,
-                desc: std::ptr::null_mut(),
-                tag: CONTROL_TAG,
-                ignore: 0,
-            },
-        }));
+        self.recvs[i].hand_to(&self.inbox, None);
     }
 
     /// One round; returns whether anything is still under way.
@@ -817,18 +837,7 @@ impl Station {
         if let Purpose::Ping(p) = &purpose {
             self.probes.insert(p.token, Arc::downgrade(p));
         }
-        msg.op.mark_queued();
-        self.inbox.push(crate::driver::Command::Post(Post {
-            op: &msg.op,
-            owner: msg.clone(),
-            transfer: Transfer::Send {
-                buf: msg.buf.get().cast(),
-                len: MSG_SIZE,
-                desc: std::ptr::null_mut(),
-                dest,
-                tag: CONTROL_TAG,
-            },
-        }));
+        msg.hand_to(&self.inbox, Some(dest));
         self.sends.push((msg, purpose));
     }
 }

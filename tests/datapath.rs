@@ -882,12 +882,7 @@ fn a_stalled_request_is_reported_once() {
 fn child_victim() {
     // Connects both ways, then streams forever; the test kills it.
     let lib = init();
-    let until = deadline(60);
-    let (handle, listen) = lib.listen(0).expect("listen");
-    println!("RESULT handle={}", handle_to_hex(&handle));
-    let mut peer = handle_from_hex(&read_stdin_line(Duration::from_secs(30))).expect("peer handle");
-    let send = lib.connect_until(0, &mut peer, until).expect("connect");
-    let recv = lib.accept_until(listen, until).expect("accept");
+    let (send, recv, _) = meet_peer(&lib, deadline(60), false);
     println!("RESULT streaming=1");
     let _ = recv;
     send_all(&lib, send, 1 << 20, 1_000_000, deadline(120));
@@ -897,12 +892,7 @@ fn child_victim() {
 #[ignore = "child process of another test"]
 fn child_survivor() {
     let lib = init();
-    let until = deadline(60);
-    let (handle, listen) = lib.listen(0).expect("listen");
-    println!("RESULT handle={}", handle_to_hex(&handle));
-    let mut peer = handle_from_hex(&read_stdin_line(Duration::from_secs(30))).expect("peer handle");
-    let recv = lib.accept_until(listen, until).expect("accept");
-    let send = lib.connect_until(0, &mut peer, until).expect("connect");
+    let (send, recv, _) = meet_peer(&lib, deadline(60), true);
     let mut buf = vec![0u8; 1 << 20];
     let mut back = vec![0u8; 1 << 20];
     println!("RESULT receiving=1");

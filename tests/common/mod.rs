@@ -111,7 +111,8 @@ fn child_command(wrapper: &[&str]) -> Command {
             "--tool=memcheck".into(),
             "--fair-sched=yes".into(),
             "--num-callers=40".into(),
-            format!("--log-file={dir}/%p.log"),
+            // Children in pid namespaces of their own all have pid 1 or 2: a name per child.
+            format!("--log-file={dir}/%q{{NFAB_CHILD}}-%q{{NFAB_SPAWN}}-%p.log"),
         ]);
     }
     argv.push(exe.to_string_lossy().into_owned());
@@ -142,6 +143,10 @@ pub fn spawn_child_in(
             "--test-threads=1",
         ])
         .env("NFAB_CHILD", name)
+        .env(
+            "NFAB_SPAWN",
+            format!("{:x}", nccl_net_fabric::random::u64() as u32),
+        )
         .envs(env.iter().map(|(k, v)| (k.as_str(), v.as_str())))
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
@@ -314,6 +319,36 @@ pub fn read_stdin_line(timeout: Duration) -> String {
     });
     rx.recv_timeout(timeout)
         .expect("a line from the parent in time")
+}
+
+/// The two-process handshake of a rank: listen, print `RESULT handle=…`, read the peer's
+/// handle from stdin, then connect and accept (accept first when `accept_first`: the two
+/// ranks must take opposite orders). Returns (sendComm, recvComm, listenComm).
+pub fn meet_peer(
+    lib: &PluginLib,
+    deadline: Instant,
+    accept_first: bool,
+) -> (
+    nccl_net_fabric::host::Ptr,
+    nccl_net_fabric::host::Ptr,
+    nccl_net_fabric::host::Ptr,
+) {
+    let (handle, listen) = lib.listen(0).expect("listen");
+    println!(
+        "RESULT handle={}",
+        nccl_net_fabric::host::handle_to_hex(&handle)
+    );
+    let line = read_stdin_line(deadline.saturating_duration_since(Instant::now()));
+    let mut peer = nccl_net_fabric::host::handle_from_hex(&line).expect("peer handle");
+    if accept_first {
+        let recv = lib.accept_until(listen, deadline).expect("accept");
+        let send = lib.connect_until(0, &mut peer, deadline).expect("connect");
+        (send, recv, listen)
+    } else {
+        let send = lib.connect_until(0, &mut peer, deadline).expect("connect");
+        let recv = lib.accept_until(listen, deadline).expect("accept");
+        (send, recv, listen)
+    }
 }
 
 /// Counts open file descriptors of this process.

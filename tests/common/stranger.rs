@@ -149,29 +149,17 @@ impl Stranger {
         }
     }
 
-    /// Sends `bytes` with `tag` to `dest` and waits for the send to complete.
-    pub fn send(
+    /// Posts with `post` (given the context), again while the provider says EAGAIN, then
+    /// waits for the completion.
+    fn post_and_wait(
         &mut self,
-        dest: sys::fi_addr_t,
-        tag: u64,
-        bytes: &[u8],
         timeout: Duration,
+        mut post: impl FnMut(*mut sys::fid_ep, *mut c_void) -> isize,
     ) -> Outcome {
         let until = Instant::now() + timeout;
         loop {
             let ctx = self.ctx();
-            // SAFETY: bytes outlive the wait below; ctx is ours.
-            let r = unsafe {
-                sys::fi_tsend(
-                    self.ep,
-                    bytes.as_ptr().cast(),
-                    bytes.len(),
-                    ptr::null_mut(),
-                    dest,
-                    tag,
-                    ctx,
-                )
-            };
+            let r = post(self.ep, ctx);
             if r == 0 {
                 return self.wait(until.saturating_duration_since(Instant::now()));
             }
@@ -180,6 +168,30 @@ impl Stranger {
             }
             self.poke();
         }
+    }
+
+    /// Sends `bytes` with `tag` to `dest` and waits for the send to complete.
+    pub fn send(
+        &mut self,
+        dest: sys::fi_addr_t,
+        tag: u64,
+        bytes: &[u8],
+        timeout: Duration,
+    ) -> Outcome {
+        self.post_and_wait(timeout, |ep, ctx| {
+            // SAFETY: bytes outlive the wait; ctx is ours.
+            unsafe {
+                sys::fi_tsend(
+                    ep,
+                    bytes.as_ptr().cast(),
+                    bytes.len(),
+                    ptr::null_mut(),
+                    dest,
+                    tag,
+                    ctx,
+                )
+            }
+        })
     }
 
     /// Receives one message with `tag` (any source) into a buffer of `len` bytes.
@@ -221,13 +233,11 @@ impl Stranger {
         bytes: &[u8],
         timeout: Duration,
     ) -> Outcome {
-        let until = Instant::now() + timeout;
-        loop {
-            let ctx = self.ctx();
-            // SAFETY: bytes outlive the wait below; ctx is ours.
-            let r = unsafe {
+        self.post_and_wait(timeout, |ep, ctx| {
+            // SAFETY: bytes outlive the wait; ctx is ours.
+            unsafe {
                 sys::fi_write(
-                    self.ep,
+                    ep,
                     bytes.as_ptr().cast(),
                     bytes.len(),
                     ptr::null_mut(),
@@ -236,15 +246,8 @@ impl Stranger {
                     key,
                     ctx,
                 )
-            };
-            if r == 0 {
-                return self.wait(until.saturating_duration_since(Instant::now()));
             }
-            if r != -(sys::FI_EAGAIN as isize) || Instant::now() > until {
-                return Outcome::Failed(r as i32);
-            }
-            self.poke();
-        }
+        })
     }
 
     /// Drives progress once.
