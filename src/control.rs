@@ -175,7 +175,7 @@ impl Peer {
         if self.dead.set(why).is_ok() {
             tracing::debug!(
                 "peer control endpoint {} declared dead: {}",
-                String::from_utf8_lossy(&self.address).trim_end_matches('\0'),
+                crate::fabric::address_text(&self.address),
                 self.dead().unwrap_or_default()
             );
         }
@@ -322,7 +322,7 @@ impl Control {
         });
         tracing::debug!(
             "control endpoint opened on {label} ({})",
-            String::from_utf8_lossy(&control.address).trim_end_matches('\0')
+            crate::fabric::address_text(&control.address)
         );
         mailbox().push(Job::Attach(Box::new(Station::new(
             control.clone(),

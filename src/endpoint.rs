@@ -38,7 +38,7 @@ pub fn check_peer_address(provider: &str, addr: &[u8]) -> Result<()> {
         return Err(Error::InvalidArgument(format!(
             "the address {} names an endpoint of this process that is not open (a stale or \
              forged handle)",
-            String::from_utf8_lossy(addr).trim_end_matches('\0')
+            crate::fabric::address_text(addr)
         )));
     }
     Ok(())

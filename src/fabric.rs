@@ -339,6 +339,31 @@ impl Drop for Domain {
     }
 }
 
+/// An endpoint address in words: `127.0.0.1:4567` or `[::1]:4567` for socket addresses, the
+/// text of a string address (`fi_shm://…`), else hex.
+pub fn address_text(addr: &[u8]) -> String {
+    let family = addr.get(..2).map(|f| u16::from_ne_bytes([f[0], f[1]]));
+    let port = |a: &[u8]| u16::from_be_bytes([a[2], a[3]]);
+    match (family.map(i32::from), addr.len()) {
+        (Some(libc::AF_INET), 16) => {
+            let ip = std::net::Ipv4Addr::new(addr[4], addr[5], addr[6], addr[7]);
+            format!("{ip}:{}", port(addr))
+        }
+        (Some(libc::AF_INET6), 28) => {
+            let octets: [u8; 16] = addr[8..24].try_into().expect("16 bytes");
+            format!("[{}]:{}", std::net::Ipv6Addr::from(octets), port(addr))
+        }
+        _ => {
+            let text = addr.strip_suffix(&[0]).unwrap_or(addr);
+            if !text.is_empty() && text.iter().all(|b| b.is_ascii_graphic()) {
+                String::from_utf8_lossy(text).into_owned()
+            } else {
+                addr.iter().map(|b| format!("{b:02x}")).collect()
+            }
+        }
+    }
+}
+
 /// Closes a fid (every `fid_*` struct starts with its `struct fid`), logging, never
 /// panicking, on failure.
 pub(crate) fn close_fid(what: &str, fid: *mut sys::fid) {
@@ -352,5 +377,26 @@ pub(crate) fn close_fid(what: &str, fid: *mut sys::fid) {
             "closing the {what} failed: {}",
             Error::fabric("fi_close", ret)
         );
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::address_text;
+
+    #[test]
+    fn addresses_in_words() {
+        let mut v4 = vec![0u8; 16];
+        v4[..2].copy_from_slice(&(libc::AF_INET as u16).to_ne_bytes());
+        v4[2..4].copy_from_slice(&4567u16.to_be_bytes());
+        v4[4..8].copy_from_slice(&[127, 0, 0, 1]);
+        assert_eq!(address_text(&v4), "127.0.0.1:4567");
+        let mut v6 = vec![0u8; 28];
+        v6[..2].copy_from_slice(&(libc::AF_INET6 as u16).to_ne_bytes());
+        v6[2..4].copy_from_slice(&80u16.to_be_bytes());
+        v6[23] = 1;
+        assert_eq!(address_text(&v6), "[::1]:80");
+        assert_eq!(address_text(b"fi_shm://12-ab:0:2\0"), "fi_shm://12-ab:0:2");
+        assert_eq!(address_text(&[0xff, 0x00, 0x01]), "ff0001");
     }
 }

@@ -321,10 +321,11 @@ impl LanePool {
             false => (Link::Caller(driver), false),
         };
         tracing::debug!(
-            "endpoint opened on {} for {:?} comms (setopt FI_OPT_CUDA_API_PERMITTED=false \
+            "endpoint opened on {} for {:?} comms ({}; setopt FI_OPT_CUDA_API_PERMITTED=false \
              answered {}; {})",
             c.label,
             role,
+            crate::fabric::address_text(&endpoint.name),
             crate::provider::errno_name(endpoint.cuda_api_answer),
             match threaded {
                 true => "its progress thread drives it",

@@ -454,7 +454,7 @@ fn sixteen_comm_pairs_over_three_lanes() {
             f.stdout,
             f.stderr
         );
-        let opened = f.stderr.matches(" comms (setopt").count();
+        let opened = f.stderr.matches(" comms (").count();
         assert_eq!(opened, 6, "data endpoints opened over {p}\n{}", f.stderr);
         let threads = f.stderr.matches("its progress thread drives it").count();
         assert_eq!(threads, 6, "progress threads over {p}\n{}", f.stderr);
