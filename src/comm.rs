@@ -166,7 +166,9 @@ impl Comm {
     }
 
     /// Posts one send or receive. `Ok(None)`: all request slots are taken; NCCL retries.
-    /// `desc` is the memory registration's descriptor (or NULL).
+    /// `desc` is the memory registration's descriptor (or NULL); `host`: the buffer is host
+    /// memory (a receive into GPU memory gets no overflow area: providers may take every
+    /// piece of a receive to be of the first piece's kind).
     ///
     /// # Safety
     /// `buf` must be valid for `len` bytes (readable for a send, writable for a receive)
@@ -176,6 +178,7 @@ impl Comm {
         buf: *mut c_void,
         len: usize,
         desc: *mut c_void,
+        host: bool,
     ) -> Result<Option<*mut c_void>> {
         if self.closed.load(Ordering::Acquire) {
             return Err(Error::InvalidArgument("the comm is closed".into()));
@@ -211,6 +214,7 @@ impl Comm {
                 desc,
                 tag,
                 ignore: 0,
+                overflow: host,
             },
         };
         let owner: Owner = self.clone();

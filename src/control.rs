@@ -608,6 +608,7 @@ impl Msg {
                 desc,
                 tag,
                 ignore: 0,
+                overflow: true,
             },
         };
         self.op.mark_queued();

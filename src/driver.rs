@@ -82,6 +82,8 @@ pub enum Transfer {
         tag: u64,
         /// Tag bits that need not match.
         ignore: u64,
+        /// Whether the overflow area may follow (host memory only).
+        overflow: bool,
     },
 }
 
@@ -401,10 +403,10 @@ impl Driver {
                 desc,
                 tag,
                 ignore,
+                overflow,
             } => {
                 let ep = self.queue.endpoint();
-                let overflow = ep
-                    .overflow
+                let overflow = (ep.overflow && overflow)
                     .then(|| crate::overflow::for_receive(len, ep.max_msg_size))
                     .flatten();
                 let mut iov = [
@@ -545,6 +547,7 @@ impl Driver {
                 desc: std::ptr::null_mut(),
                 tag: sink.spec.tag,
                 ignore: sink.spec.ignore,
+                overflow: true,
             },
         });
     }

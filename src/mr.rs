@@ -30,6 +30,7 @@ pub enum Memory {
 pub struct MemoryRegion {
     mr: *mut sys::fid_mr,
     desc: *mut c_void,
+    pub memory: Memory,
     /// Keeps the lane (a user of it) and its domain open while the registration exists.
     lane: Arc<Lane>,
 }
@@ -84,6 +85,7 @@ impl MemoryRegion {
         let mut region = MemoryRegion {
             mr,
             desc: ptr::null_mut(),
+            memory,
             lane: comm.lane.clone(),
         };
         if mr_mode & sys::FI_MR_ENDPOINT as i32 != 0 {

@@ -210,17 +210,17 @@ pub(crate) unsafe extern "C" fn dereg_mr(comm: *mut c_void, mhandle: *mut c_void
     })
 }
 
-/// The descriptor of `mhandle` for an operation on `comm`.
+/// The descriptor of `mhandle` for an operation on `comm`, and whether it is host memory.
 ///
 /// # Safety
 /// `mhandle` must be NULL or a registration we returned.
-unsafe fn desc_of(comm: &Comm, mhandle: *mut c_void) -> Result<*mut c_void> {
+unsafe fn desc_of(comm: &Comm, mhandle: *mut c_void) -> Result<(*mut c_void, bool)> {
     if mhandle.is_null() {
-        return Ok(std::ptr::null_mut());
+        return Ok((std::ptr::null_mut(), true));
     }
     // SAFETY: per the caller.
     match unsafe { opaque::borrow::<MemoryRegion>(mhandle)? } {
-        region if region.fits(comm) => Ok(region.desc()),
+        region if region.fits(comm) => Ok((region.desc(), region.memory == Memory::Host)),
         _ => Err(Error::InvalidArgument(
             "the mhandle was registered on another comm (each comm's endpoint has its own \
              libfabric domain): register the buffer with regMr on the comm that uses it"
@@ -278,9 +278,9 @@ unsafe fn post(
         )));
     }
     // SAFETY: NCCL passes the mhandle regMr gave it, or NULL.
-    let desc = unsafe { desc_of(comm, mhandle)? };
+    let (desc, host) = unsafe { desc_of(comm, mhandle)? };
     // SAFETY: the caller keeps `data` valid for `len` bytes until the request is done.
-    *request = unsafe { comm.post(data, len, desc)? }.unwrap_or(std::ptr::null_mut());
+    *request = unsafe { comm.post(data, len, desc, host)? }.unwrap_or(std::ptr::null_mut());
     Ok(())
 }
 
