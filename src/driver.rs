@@ -12,7 +12,7 @@
 
 use crate::endpoint::{Endpoint, Event, Failure, Queue, Retired};
 use crate::error::{Error, Result};
-use crate::op::Op;
+use crate::op::{Op, Status};
 use crate::sys;
 use parking_lot::Mutex;
 use std::any::Any;
@@ -47,7 +47,13 @@ struct Sink {
     op: Arc<SinkOp>,
     spec: SinkSpec,
     left: u32,
+    /// When it was last posted; one that took nothing in for [`SINK_LIFETIME`] is cancelled
+    /// (a posted receive costs every later match on the endpoint a little).
+    posted_at: Instant,
 }
+
+/// How long a sink waits for a closed comm's stragglers.
+const SINK_LIFETIME: Duration = Duration::from_millis(if cfg!(test) { 200 } else { 5000 });
 
 #[derive(Default)]
 struct SinkOp {
@@ -280,6 +286,7 @@ impl Driver {
                             op: Arc::default(),
                             spec,
                             left: SINK_MESSAGES,
+                            posted_at: Instant::now(),
                         };
                         self.post_sink(&sink);
                         self.sinks.push(sink);
@@ -553,10 +560,17 @@ impl Driver {
     }
 
     /// Posts again each sink that took in a message, while it has messages left.
+    /// Posts again each sink that took in a message, while it has messages left; cancels
+    /// one that waited [`SINK_LIFETIME`] for nothing (its cancellation ends it).
     fn renew_sinks(&mut self) {
         let mut sinks = std::mem::take(&mut self.sinks);
         sinks.retain_mut(|s| {
-            if !s.op.op.status().finished() {
+            let status = s.op.op.status();
+            if !status.finished() {
+                if status == Status::Posted && s.left > 1 && s.posted_at.elapsed() > SINK_LIFETIME {
+                    s.left = 1;
+                    self.queue.cancel(s.op.op.context() as usize);
+                }
                 return true;
             }
             self.sink_activity = Instant::now();
@@ -564,6 +578,7 @@ impl Driver {
             if s.left == 0 || !(s.spec.alive)() {
                 return false;
             }
+            s.posted_at = Instant::now();
             self.post_sink(s);
             true
         });
@@ -698,6 +713,31 @@ mod tests {
         }));
         assert!(d.turn().is_ok());
         assert!(d.empty());
+        d.finish();
+    }
+
+    #[test]
+    fn a_sink_that_takes_nothing_in_is_cancelled() {
+        let (mut d, _) = shm_driver();
+        d.inbox.push(Command::Retire {
+            owner: 1,
+            sink: Some(SinkSpec {
+                tag: 0x7_0000,
+                ignore: 0xffff,
+                alive: Box::new(|| true),
+            }),
+        });
+        d.turn().expect("turn");
+        assert_eq!(d.sinks.len(), 1);
+        assert!(!d.empty(), "the sink is posted");
+        assert!(d.idle(), "a sink alone does not keep the endpoint busy");
+        let until = std::time::Instant::now() + Duration::from_secs(10);
+        while !d.empty() {
+            assert!(std::time::Instant::now() < until, "the sink was never cancelled");
+            d.turn().expect("turn");
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        assert!(d.sinks.is_empty());
         d.finish();
     }
 }
