@@ -733,7 +733,10 @@ mod tests {
         assert!(d.idle(), "a sink alone does not keep the endpoint busy");
         let until = std::time::Instant::now() + Duration::from_secs(10);
         while !d.empty() {
-            assert!(std::time::Instant::now() < until, "the sink was never cancelled");
+            assert!(
+                std::time::Instant::now() < until,
+                "the sink was never cancelled"
+            );
             d.turn().expect("turn");
             std::thread::sleep(Duration::from_millis(5));
         }

@@ -48,6 +48,12 @@ fn envs(extra: &[(&str, &str)]) -> Vec<(String, Vec<(String, String)>)> {
         .collect()
 }
 
+/// A connect timeout short enough to wait out in a test: 300 ms, stretched under valgrind
+/// (where opening an endpoint alone can take longer).
+fn short_connect_timeout() -> String {
+    ((300.0 * slow()) as u64).to_string()
+}
+
 fn ok(f: &Finished, what: &str) {
     assert!(
         f.success && f.result("ok").is_some(),
@@ -389,7 +395,8 @@ fn child_late_accept() {
 
 #[test]
 fn a_connect_that_gave_up_leaves_a_late_listener_intact() {
-    for (p, env) in envs(&[("NCCL_FABRIC_CONNECT_TIMEOUT_MS", "300")]) {
+    let timeout = short_connect_timeout();
+    for (p, env) in envs(&[("NCCL_FABRIC_CONNECT_TIMEOUT_MS", &timeout)]) {
         let f = run_child("child_late_accept", &env, scaled(CHILD));
         ok(&f, &p);
         assert_eq!(
@@ -570,7 +577,8 @@ fn child_crafted_handles() {
     // connect timeout and a grace period, reclaims it.
     let (mut quiet, quiet_listen) = lib.listen(0).expect("listen");
     assert!(lib.connect(0, &mut quiet).expect("first call").is_none());
-    std::thread::sleep(Duration::from_millis(300) + Duration::from_secs(2) + scaled(0.5));
+    let timeout: u64 = short_connect_timeout().parse().unwrap();
+    std::thread::sleep(Duration::from_millis(timeout) + Duration::from_secs(2) + scaled(0.5));
     let mut again = good;
     let _ = lib.connect(0, &mut again);
     lib.close_listen(quiet_listen).expect("closeListen");
@@ -581,7 +589,7 @@ fn child_crafted_handles() {
 #[test]
 fn crafted_handles_fail_fast_and_block_no_other_connect() {
     for (p, env) in envs(&[
-        ("NCCL_FABRIC_CONNECT_TIMEOUT_MS", "300"),
+        ("NCCL_FABRIC_CONNECT_TIMEOUT_MS", &short_connect_timeout()),
         ("NCCL_DEBUG", "TRACE"),
     ]) {
         let f = run_child("child_crafted_handles", &env, scaled(CHILD));
