@@ -4,8 +4,9 @@
 # read or write with a frame of the plugin on its stack. Logs: target/valgrind/<version>/.
 #
 # Slow (valgrind runs the children 20-50 times slower; their deadlines are stretched by
-# NFAB_SLOW). Arguments are passed to the test binary, e.g. a test name to run just that:
-#   bash scripts/valgrind-faults.sh a_truncated_receive_fails_alone
+# NFAB_SLOW). Arguments are passed to the test binary, e.g. a test name to run just that, and
+# VERSIONS picks the libfabric versions (default "1.17 2.1"):
+#   VERSIONS=2.1 bash scripts/valgrind-faults.sh a_truncated_receive_fails_alone
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -30,5 +31,10 @@ run() { # label, then env assignments for cargo
 # Builds of their own: a rebuild in the usual target folders during the (long) run would
 # replace the binaries under valgrind's feet.
 ARGS=("$@")
-run 1.17 LIBFABRIC_DIR= CARGO_TARGET_DIR=target/valgrind-build/1.17
-run 2.1 LIBFABRIC_DIR="$prefix" CARGO_TARGET_DIR=target/valgrind-build/2.1
+for v in ${VERSIONS:-1.17 2.1}; do
+  case $v in
+    1.17) run 1.17 LIBFABRIC_DIR= CARGO_TARGET_DIR=target/valgrind-build/1.17 ;;
+    2.1) run 2.1 LIBFABRIC_DIR="$prefix" CARGO_TARGET_DIR=target/valgrind-build/2.1 ;;
+    *) echo "valgrind-faults: unknown libfabric version $v (1.17 or 2.1)" >&2; exit 2 ;;
+  esac
+done
