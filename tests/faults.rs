@@ -88,6 +88,18 @@ fn recv_n(lib: &PluginLib, comm: Ptr, len: usize, count: usize, deadline: Instan
     }
 }
 
+/// Connects a pair on device 0, moves `count` messages of `len` bytes over it (checked),
+/// and closes it: the plugin still carries data.
+fn a_pair_carries_data(lib: &PluginLib, len: usize, count: usize, deadline: Instant) {
+    let (send, recv) = lib.connect_pair(0, deadline).expect("connect_pair");
+    std::thread::scope(|s| {
+        s.spawn(|| recv_n(lib, recv, len, count, deadline));
+        send_n(lib, send, len, count, deadline);
+    });
+    lib.close_send(send).expect("closeSend");
+    lib.close_recv(recv).expect("closeRecv");
+}
+
 // ---------------------------------------------------------------------------------------
 // 1. Truncation: a 64 KiB send into a 4 KiB receive, between two processes.
 
@@ -380,16 +392,7 @@ fn child_late_accept() {
     }
     lib.close_listen(listen).expect("closeListen");
     // The process still connects and carries data.
-    let deadline = until(30.0);
-    let (send, recv) = lib
-        .connect_pair(0, deadline)
-        .expect("connect_pair afterwards");
-    std::thread::scope(|s| {
-        s.spawn(|| recv_n(&lib, recv, 65_536, 8, deadline));
-        send_n(&lib, send, 65_536, 8, deadline);
-    });
-    lib.close_send(send).expect("closeSend");
-    lib.close_recv(recv).expect("closeRecv");
+    a_pair_carries_data(&lib, 65_536, 8, until(30.0));
     println!("RESULT ok=1");
 }
 
@@ -539,16 +542,7 @@ fn child_crafted_handles() {
     let lib = &lib;
     std::thread::scope(|s| {
         // Meanwhile another thread connects and streams normally.
-        let normal = s.spawn(|| {
-            let deadline = until(60.0);
-            let (send, recv) = lib.connect_pair(0, deadline).expect("connect_pair");
-            std::thread::scope(|t| {
-                t.spawn(|| recv_n(lib, recv, 4096, 16, deadline));
-                send_n(lib, send, 4096, 16, deadline);
-            });
-            lib.close_send(send).expect("closeSend");
-            lib.close_recv(recv).expect("closeRecv");
-        });
+        let normal = s.spawn(|| a_pair_carries_data(lib, 4096, 16, until(60.0)));
         let mut slowest = Duration::ZERO;
         for (i, mut h) in crafted(&good, &provider).into_iter().enumerate() {
             let started = Instant::now();
@@ -724,11 +718,7 @@ fn child_stranger_target() {
     let r = unsafe { lib.irecv_until(strange, buf.as_mut_ptr().cast(), 4096, NULL, deadline) }
         .expect("irecv");
     // A real pair keeps working on the same device meanwhile.
-    let (send, recv) = lib.connect_pair(0, deadline).expect("connect_pair");
-    std::thread::scope(|s| {
-        s.spawn(|| recv_n(&lib, recv, 65_536, 8, deadline));
-        send_n(&lib, send, 65_536, 8, deadline);
-    });
+    a_pair_carries_data(&lib, 65_536, 8, deadline);
     let started = Instant::now();
     let e = lib
         .wait(r, deadline)
@@ -739,8 +729,6 @@ fn child_stranger_target() {
         started.elapsed().as_millis()
     );
     lib.close_recv(strange).expect("closeRecv");
-    lib.close_send(send).expect("closeSend");
-    lib.close_recv(recv).expect("closeRecv");
     println!("RESULT ok=1");
 }
 
