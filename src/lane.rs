@@ -116,8 +116,8 @@ impl Lane {
         }
     }
 
-    /// Withdraws and cancels the operations of the owner with this key (a closing comm);
-    /// `sink` as in [`Command::Retire`].
+    /// Withdraws what the owner with this key (a closing comm) handed in but the provider
+    /// does not have yet; `sink` as in [`Command::Retire`].
     pub fn retire_owner(&self, key: usize, sink: Option<crate::driver::SinkSpec>) {
         self.inbox.push(Command::Retire { owner: key, sink });
         if let Err(e) = self.drive() {
