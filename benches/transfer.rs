@@ -186,7 +186,7 @@ impl RawSide {
         for e in events {
             match e {
                 // SAFETY: contexts are this benchmark's Ops, alive until their completion.
-                Event::Done { context, len } => unsafe { &*context.cast::<Op>() }.complete(len),
+                Event::Done { context, len, .. } => unsafe { &*context.cast::<Op>() }.complete(len),
                 // SAFETY: as above.
                 Event::Failed(f) => unsafe { &*f.context.cast::<Op>() }.fail(f),
             }

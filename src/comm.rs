@@ -212,6 +212,7 @@ impl Comm {
                 buf,
                 len,
                 desc,
+                src: self.lane.source(self.peer.addr),
                 tag,
                 ignore: 0,
                 overflow: host,
@@ -274,6 +275,7 @@ impl Comm {
         let sink = (self.dir == Direction::Recv && healthy(&self)).then(|| {
             let comm = self.clone();
             SinkSpec {
+                src: self.lane.source(self.peer.addr),
                 tag: self.lane.tags.data(self.id, 0),
                 ignore: self.lane.tags.seq_mask(),
                 alive: Box::new(move || healthy(&comm)),

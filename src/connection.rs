@@ -23,6 +23,8 @@ use parking_lot::Mutex;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+/// How long a CONNECT waits for its answer before the listener's address is checked.
+const REFUSAL_CHECK_AFTER: Duration = Duration::from_secs(1);
 /// How long after NCCL's last call a connect in progress is reclaimed, beyond its timeout.
 const ABANDONED_AFTER: Duration = Duration::from_secs(2);
 
@@ -166,8 +168,8 @@ impl ListenComm {
     /// process (then the returned `Sent` is already done), else through the control thread.
     /// If that fails, the connector is told so (NACK) rather than left to time out.
     fn answer(&self, plugin: &Plugin, incoming: Incoming) -> Result<(Arc<Comm>, Arc<Sent>)> {
-        let conn = incoming.connect.b;
-        let reply_to = incoming.connect.fields.first().cloned().unwrap_or_default();
+        let conn = incoming.conn;
+        let reply_to = incoming.reply_to.clone();
         let local_reply = incoming.local.as_ref().map(|l| l.reply.clone());
         self.build(plugin, incoming)
             .inspect_err(|e| match &local_reply {
@@ -187,10 +189,6 @@ impl ListenComm {
     }
 
     fn build(&self, plugin: &Plugin, incoming: Incoming) -> Result<(Arc<Comm>, Arc<Sent>)> {
-        const WHAT: &str = "CONNECT";
-        let r = &incoming.connect;
-        let reply_to = r.field(0, WHAT)?.to_vec();
-        let data_addr = r.field(1, WHAT)?.to_vec();
         if let Some(l) = &incoming.local {
             if l.sender.strong_count() == 0 {
                 return Err(Error::Remote(
@@ -205,7 +203,7 @@ impl ListenComm {
         let id = lane.next_id();
         let liveness = match incoming.local {
             Some(_) => Peer::local(),
-            None => self.control.peer(&reply_to),
+            None => self.control.peer(&incoming.reply_to),
         };
         let receiver = Arc::downgrade(&lane.endpoint);
         let name = lane.endpoint.name.clone();
@@ -213,27 +211,31 @@ impl ListenComm {
             lane,
             Direction::Recv,
             id,
-            &data_addr,
-            r.who,
+            &incoming.data,
+            incoming.who,
             liveness,
             plugin,
         )?;
-        let ack = Record {
-            kind: Kind::Ack,
-            a: r.b,
-            b: id,
-            who: self.control.me,
-            fields: vec![name],
-        };
         let sent = match incoming.local {
             Some(LocalConnect { reply, .. }) => {
                 reply.answer(Answer::Ack {
-                    record: ack,
+                    id,
+                    who: self.control.me,
+                    data: name,
                     receiver: Some(receiver),
                 });
                 Sent::delivered()
             }
-            None => self.control.send_answer(&reply_to, ack),
+            None => {
+                let ack = Record {
+                    kind: Kind::Ack,
+                    a: incoming.conn,
+                    b: id,
+                    who: self.control.me,
+                    fields: vec![name],
+                };
+                self.control.send_answer(&incoming.reply_to, ack)
+            }
         };
         Ok((comm, sent))
     }
@@ -252,6 +254,11 @@ pub fn connect(
 ) -> Result<Option<Arc<Comm>>> {
     let handle = Handle::read(raw)?;
     let device = plugin.device(dev)?;
+    device.control()?.check_peer(&handle.addr).map_err(|e| {
+        Error::InvalidArgument(format!(
+            "connection handle: {e} (a handle from another plugin, or damaged on its way)"
+        ))
+    })?;
     control::hurry();
     let timeout = Duration::from_millis(plugin.settings.connect_timeout_ms);
     device.reclaim_connects(timeout + ABANDONED_AFTER);
@@ -269,6 +276,7 @@ pub fn connect(
                     control: None,
                     slot: Arc::default(),
                     sent: None,
+                    checked: false,
                 }),
                 last_call: Mutex::new(Instant::now()),
             })
@@ -316,17 +324,13 @@ fn advance(c: &mut Connecting, device: &Device, plugin: &Plugin) -> Result<Optio
     let local = c.handle.nonce == control.nonce;
     // Step 2: CONNECT.
     if c.sent.is_none() {
-        let connect = Record {
-            kind: Kind::Connect,
-            a: c.handle.token,
-            b: c.conn,
-            who: control.me,
-            fields: vec![control.address.clone(), lane.endpoint.name.clone()],
-        };
         c.sent = Some(Instant::now());
         if local {
             let incoming = Incoming {
-                connect,
+                conn: c.conn,
+                who: control.me,
+                reply_to: Vec::new(),
+                data: lane.endpoint.name.clone(),
                 local: Some(LocalConnect {
                     reply: c.slot.clone(),
                     sender: Arc::downgrade(&lane.endpoint),
@@ -336,18 +340,47 @@ fn advance(c: &mut Connecting, device: &Device, plugin: &Plugin) -> Result<Optio
                 .connect_locally(c.handle.token, incoming)
                 .map_err(Error::Remote)?;
         } else {
+            let connect = Record {
+                kind: Kind::Connect,
+                a: c.handle.token,
+                b: c.conn,
+                who: control.me,
+                fields: vec![control.address.clone(), lane.endpoint.name.clone()],
+            };
             control.send_connect(&c.handle.addr, connect, c.slot.clone());
         }
     }
-    // Step 3: the answer.
-    let (ack, receiver) = match c.slot.take() {
+    // Step 3: the answer. None of the providers reports a refused connection (rxm and tcp
+    // retry, shm waits for the name to appear): one that has not answered for a while is
+    // checked once.
+    let (id, who, data_addr, receiver) = match c.slot.take() {
+        None if !local
+            && !c.checked
+            && c.sent.is_some_and(|t| t.elapsed() >= REFUSAL_CHECK_AFTER) =>
+        {
+            c.checked = true;
+            match crate::quirks::refused(&control.provider, &c.handle.addr) {
+                Some(why) => {
+                    return Err(Error::Remote(format!(
+                        "the listener's control endpoint {} cannot be reached: {why} (it \
+                         exited, or the handle is stale)",
+                        crate::fabric::address_text(&c.handle.addr)
+                    )))
+                }
+                None => return Ok(None),
+            }
+        }
         None => return Ok(None),
         Some(Answer::Refused(why)) => {
             return Err(Error::Remote(format!("connecting failed: {why}")));
         }
-        Some(Answer::Ack { record, receiver }) => (record, receiver),
+        Some(Answer::Ack {
+            id,
+            who,
+            data,
+            receiver,
+        }) => (id, who, data, receiver),
     };
-    let data_addr = ack.field(0, "ACK")?.to_vec();
     if let Some(r) = receiver {
         if crate::quirks::sender_waits_for_receiver(&lane.endpoint.provider) {
             lane.close_after(r);
@@ -358,15 +391,7 @@ fn advance(c: &mut Connecting, device: &Device, plugin: &Plugin) -> Result<Optio
         false => control.peer(&c.handle.addr),
     };
     let lane = c.lane.take().expect("set in step 1");
-    let comm = comm_on(
-        lane,
-        Direction::Send,
-        ack.b,
-        &data_addr,
-        ack.who,
-        liveness,
-        plugin,
-    )?;
+    let comm = comm_on(lane, Direction::Send, id, &data_addr, who, liveness, plugin)?;
     tracing::debug!("connected: {}", comm.peer_text());
     Ok(Some(comm))
 }

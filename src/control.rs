@@ -16,11 +16,12 @@
 //! comm's requests fail with `ncclRemoteError`. Nothing depends on pids or on peers sharing a
 //! host.
 
+use crate::address::Shape;
 use crate::driver::{Driver, Health, Inbox, Post, Transfer};
 use crate::endpoint::Endpoint;
 use crate::error::{Error, Result};
 use crate::fabric::Domain;
-use crate::handshake::{Identity, Kind, Record, MSG_SIZE};
+use crate::handshake::{Identity, Kind, Message, Record, MSG_SIZE};
 use crate::op::{Op, Status};
 use crate::sys;
 use parking_lot::Mutex;
@@ -35,6 +36,12 @@ use std::time::{Duration, Instant};
 pub const CONTROL_TAG: u64 = 0x4e46;
 /// Receives kept posted on each control endpoint.
 const RECEIVES: usize = 16;
+/// Answers (NACK, PONG) in flight at most per control endpoint.
+const MAX_REPLIES: usize = 8;
+/// Peer addresses a control endpoint keeps in its address vector at most.
+const MAX_PEERS: usize = 4096;
+/// At most one WARN about dropped control messages per this long.
+const WARN_EVERY: Duration = Duration::from_secs(30);
 /// How long connect/accept keep the thread polling fast after their last call.
 const HURRY_MS: u64 = 200;
 /// A retired endpoint's sinks are cancelled once they took nothing in for this long.
@@ -185,9 +192,14 @@ impl Peer {
 // ---------------------------------------------------------------------------------------
 // Handshake slots
 
-/// A CONNECT that reached a listen comm.
+/// A CONNECT that reached a listen comm (its addresses checked).
 pub struct Incoming {
-    pub connect: Record,
+    pub conn: u64,
+    pub who: Identity,
+    /// The connector's control endpoint (empty for a connect from this process).
+    pub reply_to: Vec<u8>,
+    /// The connector's sending endpoint.
+    pub data: Vec<u8>,
     /// Set for a connect from this same process.
     pub local: Option<LocalConnect>,
 }
@@ -224,7 +236,10 @@ impl ListenSlot {
 /// The listener's answer to a connect.
 pub enum Answer {
     Ack {
-        record: Record,
+        /// The receiving comm's id, process and endpoint address (checked).
+        id: u64,
+        who: Identity,
+        data: Vec<u8>,
         /// For a listener in this process: its receiving lane's endpoint.
         receiver: Option<Weak<Endpoint>>,
     },
@@ -287,6 +302,8 @@ pub struct Control {
     pub nonce: u64,
     pub address: Vec<u8>,
     pub provider: String,
+    /// What peer addresses must look like on this provider.
+    pub shape: Shape,
     pub me: Identity,
     liveness: Liveness,
     listeners: Mutex<HashMap<u64, Arc<ListenSlot>>>,
@@ -314,6 +331,7 @@ impl Control {
             nonce: crate::random::u64(),
             address: endpoint.name.clone(),
             provider: endpoint.provider.clone(),
+            shape: endpoint.shape.clone(),
             me: Identity::current(),
             liveness,
             listeners: Mutex::new(HashMap::new()),
@@ -330,6 +348,12 @@ impl Control {
             inbox,
         ))));
         Ok(control)
+    }
+
+    /// Refuses a peer address this control endpoint must not be given (wrong shape, or an
+    /// endpoint of this process that is closed).
+    pub fn check_peer(&self, addr: &[u8]) -> Result<()> {
+        crate::endpoint::check_peer_address(&self.shape, &self.provider, addr)
     }
 
     /// A slot for the CONNECT of listen `token`.
@@ -602,12 +626,15 @@ impl Msg {
                 dest,
                 tag,
             },
+            // Any tag: whatever reaches a control endpoint is taken in (and dropped if it is
+            // not a control message), so nothing waits inside the provider unmatched.
             None => Transfer::Recv {
                 buf,
                 len,
                 desc,
+                src: sys::ADDR_UNSPEC,
                 tag,
-                ignore: 0,
+                ignore: u64::MAX,
                 overflow: true,
             },
         };
@@ -646,6 +673,7 @@ struct Station {
     addrs: HashMap<Vec<u8>, sys::fi_addr_t>,
     probes: HashMap<u64, Weak<Peer>>,
     bad_messages: u64,
+    bad_warn: crate::log::Throttle,
 }
 
 impl Station {
@@ -659,6 +687,7 @@ impl Station {
             addrs: HashMap::new(),
             probes: HashMap::new(),
             bad_messages: 0,
+            bad_warn: crate::log::Throttle::new(WARN_EVERY),
         };
         for i in 0..RECEIVES {
             s.post_recv(i);
@@ -679,9 +708,11 @@ impl Station {
             }
             return false;
         }
+        let mut took_in = false;
         for i in 0..self.recvs.len() {
             match self.recvs[i].op.status() {
                 Status::Done(n) => {
+                    took_in = true;
                     // SAFETY: the receive completed; the provider no longer touches it.
                     let whole: &[u8; MSG_SIZE] = unsafe { &*self.recvs[i].buf.get() };
                     let bytes = whole[..n.min(MSG_SIZE)].to_vec();
@@ -690,8 +721,14 @@ impl Station {
                     self.post_recv(i);
                 }
                 Status::Failed => {
+                    took_in = true;
+                    let why = self.recvs[i]
+                        .op
+                        .failure()
+                        .map(|f| format!("{} (err {})", f.text, f.err))
+                        .unwrap_or_else(|| "failed".into());
                     self.recvs[i].op.reset();
-                    self.note_bad("a control message the provider failed to deliver");
+                    self.note_bad(&format!("a receive failed: {why}"));
                     self.post_recv(i);
                 }
                 _ => {}
@@ -716,6 +753,11 @@ impl Station {
             }
         }
         self.probes.retain(|_, p| p.strong_count() > 0);
+        if took_in {
+            // Messages come in bursts (a handshake, a larger message in several steps):
+            // poll fast for a while.
+            hurry();
+        }
         !self.sends.is_empty()
             || self
                 .probes
@@ -724,85 +766,115 @@ impl Station {
                 .any(|p| p.probing_since.load(Ordering::Acquire) != 0 && p.dead().is_none())
     }
 
+    /// A message that is not ours, or not for anything here: dropped, and said in one WARN
+    /// at most every [`WARN_EVERY`].
     fn note_bad(&mut self, what: &str) {
         self.bad_messages += 1;
-        if self.bad_messages.is_power_of_two() {
-            tracing::debug!(
-                "control endpoint: {what} ({} so far; ignored)",
-                self.bad_messages
+        if let Some(held) = self.bad_warn.allow() {
+            tracing::warn!(
+                "control endpoint {} dropped a message: {what}{}. Another program, or a \
+                 rank of an earlier job, is sending to this process: if this repeats, restrict \
+                 the interfaces with NCCL_FABRIC_DOMAINS (see the README, Security model)",
+                crate::fabric::address_text(&self.control.address),
+                match held {
+                    0 => String::new(),
+                    n => format!(" ({n} more dropped since the last warning)"),
+                }
             );
         }
     }
 
     /// A message arrived.
     fn handle(&mut self, bytes: &[u8]) {
-        let r = match Record::read(bytes, "control message") {
-            Ok(r) => r,
+        let m = match Message::parse(bytes, &self.control.shape) {
+            Ok(m) => m,
             Err(e) => return self.note_bad(&e.to_string()),
         };
         let control = self.control.clone();
-        match r.kind {
-            Kind::Connect => {
-                let Ok(reply_to) = r.field(0, "CONNECT").map(<[u8]>::to_vec) else {
-                    return self.note_bad("a CONNECT without a reply address");
-                };
-                let slot = control.listeners.lock().get(&r.a).cloned();
+        match m {
+            Message::Connect {
+                token,
+                conn,
+                who,
+                reply_to,
+                data,
+            } => {
+                let slot = control.listeners.lock().get(&token).cloned();
                 let offered = match slot {
                     Some(s) => s.offer(Incoming {
-                        connect: r.clone(),
+                        conn,
+                        who,
+                        reply_to: reply_to.clone(),
+                        data,
                         local: None,
                     }),
                     None => Err("no listen comm has that handle (closed, or stale)"),
                 };
                 if let Err(why) = offered {
+                    self.note_bad(&format!(
+                        "a CONNECT from {}: {why}",
+                        control.me.describe(&who)
+                    ));
                     let nack = Record {
                         kind: Kind::Nack,
-                        a: r.b,
+                        a: conn,
                         b: 0,
                         who: control.me,
                         fields: vec![why.as_bytes().to_vec()],
                     };
-                    self.send(&reply_to, &nack, Purpose::Reply);
+                    self.reply(&reply_to, &nack);
                 }
             }
-            Kind::Ack => {
-                if let Some(s) = control.connects.lock().remove(&r.a) {
-                    s.answer(Answer::Ack {
-                        record: r,
-                        receiver: None,
-                    });
-                }
-            }
-            Kind::Nack => {
-                if let Some(s) = control.connects.lock().remove(&r.a) {
-                    let why = r
-                        .fields
-                        .first()
-                        .map(|f| String::from_utf8_lossy(f).into_owned())
-                        .unwrap_or_default();
-                    s.answer(Answer::Refused(format!("the listener refused: {why}")));
-                }
-            }
-            Kind::Ping => {
-                let Ok(reply_to) = r.field(0, "PING").map(<[u8]>::to_vec) else {
-                    return self.note_bad("a PING without a reply address");
-                };
+            Message::Ack {
+                conn,
+                id,
+                who,
+                data,
+            } => match control.connects.lock().remove(&conn) {
+                Some(s) => s.answer(Answer::Ack {
+                    id,
+                    who,
+                    data,
+                    receiver: None,
+                }),
+                None => self.note_bad("an ACK for no connect in progress (stale, or forged)"),
+            },
+            Message::Nack { conn, why } => match control.connects.lock().remove(&conn) {
+                Some(s) => s.answer(Answer::Refused(format!("the listener refused: {why}"))),
+                None => self.note_bad("a NACK for no connect in progress (stale, or forged)"),
+            },
+            Message::Ping { token, reply_to } => {
                 let pong = Record {
                     kind: Kind::Pong,
-                    a: r.a,
+                    a: token,
                     b: 0,
                     who: control.me,
                     fields: Vec::new(),
                 };
-                self.send(&reply_to, &pong, Purpose::Reply);
+                self.reply(&reply_to, &pong);
             }
-            Kind::Pong => {
-                if let Some(p) = self.probes.get(&r.a).and_then(Weak::upgrade) {
+            Message::Pong { token } => {
+                if let Some(p) = self.probes.get(&token).and_then(Weak::upgrade) {
                     p.answered();
                 }
             }
-            Kind::Handle => self.note_bad("a handle sent as a message"),
         }
+    }
+
+    /// Answers a message (NACK, PONG), unless [`MAX_REPLIES`] answers are already on their
+    /// way or the address would be one too many: a flood makes no unbounded work.
+    fn reply(&mut self, to: &[u8], record: &Record) {
+        let replying = self
+            .sends
+            .iter()
+            .filter(|(_, p)| matches!(p, Purpose::Reply))
+            .count();
+        if replying >= MAX_REPLIES
+            || (self.addrs.len() >= MAX_PEERS && !self.addrs.contains_key(to))
+        {
+            return self.note_bad("no answer sent: too many answers under way");
+        }
+        self.send(to, record, Purpose::Reply);
     }
 
     fn address(&mut self, to: &[u8]) -> Result<sys::fi_addr_t> {
@@ -814,7 +886,6 @@ impl Station {
                 "a control message addressed to this very endpoint".into(),
             ));
         }
-        crate::endpoint::check_peer_address(&self.control.provider, to)?;
         let a = self.driver.endpoint().insert(to)?;
         self.addrs.insert(to.to_vec(), a);
         Ok(a)

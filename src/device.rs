@@ -97,6 +97,9 @@ pub struct Connecting {
     /// When the CONNECT went out: the timeout counts from then (opening this side's
     /// endpoint is not waiting for the peer).
     pub sent: Option<Instant>,
+    /// Whether the listener's address was checked for a refusal (see
+    /// `quirks::refused`).
+    pub checked: bool,
 }
 
 impl Drop for Connecting {

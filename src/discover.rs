@@ -1,7 +1,8 @@
 //! Gathers provider candidates from libfabric for the policy in `provider`.
 //!
 //! Two `fi_getinfo` passes at the API version the running library reports: first with
-//! `FI_TAGGED|FI_MSG|FI_HMEM`, then without `FI_HMEM`. Every admissible entry gets a probe
+//! `FI_TAGGED|FI_MSG|FI_HMEM`, then without `FI_HMEM`; each asks for `FI_DIRECTED_RECV` too
+//! and takes providers without it only where none with it exists. Every admissible entry gets a probe
 //! endpoint whose `FI_OPT_CUDA_API_PERMITTED=false` answer is recorded.
 
 use crate::endpoint::Endpoint;
@@ -19,10 +20,15 @@ pub const MR_MODE: i32 = (sys::FI_MR_LOCAL
     | sys::FI_MR_PROV_KEY
     | sys::FI_MR_ENDPOINT) as i32;
 
-pub fn hints(pass: Pass, settings: &Settings) -> Hints {
+/// Hints for one pass; `directed`: ask for `FI_DIRECTED_RECV` and `FI_SOURCE` too (receives
+/// bound to their peer, and completions that name the sender, to check it).
+pub fn hints(pass: Pass, directed: bool, settings: &Settings) -> Hints {
     let mut caps = sys::FI_TAGGED as u64 | sys::FI_MSG as u64;
     if pass == Pass::Hmem {
         caps |= sys::FI_HMEM;
+    }
+    if directed {
+        caps |= sys::FI_DIRECTED_RECV | sys::FI_SOURCE;
     }
     Hints {
         caps,
@@ -42,79 +48,93 @@ pub fn hints(pass: Pass, settings: &Settings) -> Hints {
 pub struct Discovery {
     pub version: u32,
     pub candidates: Vec<Candidate>,
-    lists: Vec<(Pass, InfoList)>,
+    lists: Vec<InfoList>,
+    /// Per candidate: which list, which entry.
+    at: Vec<(usize, usize)>,
 }
 
 impl Discovery {
     /// The `fi_info` entry behind candidate `index`.
     pub fn info(&self, index: usize) -> crate::fabric::Info<'_> {
-        let mut i = 0;
-        for (_, list) in &self.lists {
-            for info in list.iter() {
-                if i == index {
-                    return info;
-                }
-                i += 1;
-            }
-        }
-        panic!("candidate index {index} out of range")
+        let (list, entry) = self.at[index];
+        self.lists[list]
+            .iter()
+            .nth(entry)
+            .expect("candidate indices point into the lists")
     }
 }
 
 /// (pass, provider, domain): entries with the same key get the same probe answer.
 type ProbeKey = (Pass, String, String);
 
+/// Runs both passes. Each asks first for `FI_DIRECTED_RECV` (receives bound to their peer)
+/// and then without it; an entry of the second answer is kept only if the first had none for
+/// the same provider, fabric and domain.
 pub fn discover(settings: &Settings) -> Result<Discovery> {
     let version = runtime_version();
     let mut candidates = Vec::new();
     let mut lists = Vec::new();
+    let mut at = Vec::new();
     let mut probed: Vec<(ProbeKey, Result<i32, String>)> = Vec::new();
     for pass in [Pass::Hmem, Pass::Host] {
-        let list = InfoList::get(version, &hints(pass, settings))?;
-        for info in list.iter() {
-            let mut c = Candidate {
-                pass,
-                provider: info.provider(),
-                fabric: info.fabric(),
-                domain: info.domain(),
-                caps: info.caps(),
-                mr_mode: info.mr_mode(),
-                api_version: info.api_version(),
-                setopt: None,
-            };
-            if admissible(&c.provider, &c.domain, settings).is_ok() {
-                // One probe per provider, domain and pass: entries that differ only in address
-                // format (IPv4, IPv6, link-local …) get the same answer, and an endpoint of
-                // tcp;ofi_rxm takes ~0.1 s to open.
-                let key = (pass, c.provider.clone(), c.domain.clone());
-                let answer = match probed.iter().find(|(k, _)| *k == key) {
-                    Some((_, a)) => a.clone(),
-                    None => {
-                        let a = probe(info).map_err(|e| e.to_string());
-                        probed.push((key, a.clone()));
-                        a
-                    }
+        let first = candidates.len();
+        for directed in [true, false] {
+            let list = InfoList::get(version, &hints(pass, directed, settings))?;
+            for (entry, info) in list.iter().enumerate() {
+                let mut c = Candidate {
+                    pass,
+                    provider: info.provider(),
+                    fabric: info.fabric(),
+                    domain: info.domain(),
+                    caps: info.caps(),
+                    mr_mode: info.mr_mode(),
+                    api_version: info.api_version(),
+                    setopt: None,
                 };
-                c.setopt = Some(answer);
+                let seen = candidates[first..].iter().any(|o: &Candidate| {
+                    o.caps & sys::FI_DIRECTED_RECV != 0
+                        && (&o.provider, &o.fabric, &o.domain)
+                            == (&c.provider, &c.fabric, &c.domain)
+                });
+                if !directed && seen {
+                    continue;
+                }
+                if admissible(&c.provider, &c.domain, settings).is_ok() {
+                    // One probe per provider, domain and pass: entries that differ only in
+                    // address format (IPv4, IPv6, link-local …) get the same answer, and an
+                    // endpoint of tcp;ofi_rxm takes ~0.1 s to open.
+                    let key = (pass, c.provider.clone(), c.domain.clone());
+                    let answer = match probed.iter().find(|(k, _)| *k == key) {
+                        Some((_, a)) => a.clone(),
+                        None => {
+                            let a = probe(info).map_err(|e| e.to_string());
+                            probed.push((key, a.clone()));
+                            a
+                        }
+                    };
+                    c.setopt = Some(answer);
+                }
+                tracing::trace!(
+                    "candidate {} / {} / {} ({:?} pass): caps {:#x}, mr_mode {:#x}, setopt {:?}",
+                    c.provider,
+                    c.fabric,
+                    c.domain,
+                    pass,
+                    c.caps,
+                    c.mr_mode,
+                    c.setopt
+                );
+                candidates.push(c);
+                at.push((lists.len(), entry));
             }
-            tracing::trace!(
-                "candidate {} / {} / {} ({:?} pass): caps {:#x}, mr_mode {:#x}, setopt {:?}",
-                c.provider,
-                c.fabric,
-                c.domain,
-                pass,
-                c.caps,
-                c.mr_mode,
-                c.setopt
-            );
-            candidates.push(c);
+            lists.push(list);
         }
-        lists.push((pass, list));
     }
     Ok(Discovery {
         version,
         candidates,
         lists,
+        at,
     })
 }
 

@@ -37,6 +37,8 @@ pub const SINK_MESSAGES: u32 = 2 * crate::nccl::NET_MAX_REQUESTS as u32;
 /// left by a connection that died crashes 2.1 tcp;ofi_rxm (`rxm_handle_rx_buf`), so a sink
 /// stops as soon as its comm's peer is known gone.
 pub struct SinkSpec {
+    /// Only from this source, like the comm's receives.
+    pub src: sys::fi_addr_t,
     pub tag: u64,
     pub ignore: u64,
     pub alive: Box<dyn Fn() -> bool + Send>,
@@ -73,6 +75,7 @@ pub fn owner_key(owner: &Owner) -> usize {
 }
 
 /// A send or receive to hand to the provider.
+#[derive(Clone, Copy)]
 pub enum Transfer {
     Send {
         buf: *const c_void,
@@ -85,6 +88,8 @@ pub enum Transfer {
         buf: *mut c_void,
         len: usize,
         desc: *mut c_void,
+        /// Only from this source (`sys::ADDR_UNSPEC`: any).
+        src: sys::fi_addr_t,
         tag: u64,
         /// Tag bits that need not match.
         ignore: u64,
@@ -164,6 +169,8 @@ pub struct Health {
     /// Counts errors the provider reported without an operation (an error of the endpoint,
     /// such as a lost connection): users then check their peers at once.
     stray_errors: AtomicU64,
+    /// Counts messages from strangers that took a receive (and were dropped).
+    pub strangers: AtomicU64,
 }
 
 impl Health {
@@ -188,6 +195,8 @@ struct InFlight {
     owner: Owner,
     /// For a receive: the bytes NCCL posted (the rest of the receive is the overflow area).
     posted: Option<usize>,
+    /// What was posted, to post again if a stranger's message took it (see `settle`).
+    transfer: Transfer,
 }
 
 /// The one owner of an endpoint's [`Queue`].
@@ -197,6 +206,8 @@ pub struct Driver {
     health: Arc<Health>,
     /// Taken from the inbox, not yet accepted by the provider (it said EAGAIN).
     waiting: VecDeque<Post>,
+    /// One WARN at most per minute about messages from strangers.
+    strangers: crate::log::Throttle,
     in_flight: HashMap<usize, InFlight>,
     close_after: Vec<Weak<Endpoint>>,
     sinks: Vec<Sink>,
@@ -218,6 +229,7 @@ impl Driver {
             inbox,
             health,
             waiting: VecDeque::new(),
+            strangers: crate::log::Throttle::new(Duration::from_secs(60)),
             in_flight: HashMap::new(),
             close_after: Vec::new(),
             sinks: Vec::new(),
@@ -369,6 +381,7 @@ impl Driver {
                         op: p.op,
                         owner: p.owner,
                         posted: capacity,
+                        transfer: p.transfer,
                     },
                 );
                 None
@@ -408,6 +421,7 @@ impl Driver {
                 buf,
                 len,
                 desc,
+                src,
                 tag,
                 ignore,
                 overflow,
@@ -448,14 +462,8 @@ impl Driver {
                 };
                 // SAFETY: as for sends; the overflow area is mapped for the process's life.
                 let taken = unsafe {
-                    self.queue.recv(
-                        &iov[..pieces],
-                        &mut descs[..pieces],
-                        sys::ADDR_UNSPEC,
-                        tag,
-                        ignore,
-                        ctx,
-                    )?
+                    self.queue
+                        .recv(&iov[..pieces], &mut descs[..pieces], src, tag, ignore, ctx)?
                 };
                 Ok(taken.then_some(Some(len)))
             }
@@ -502,6 +510,19 @@ impl Driver {
         };
         // SAFETY: the op lives in `entry.owner`, which is dropped only after this.
         let op = unsafe { &*entry.op };
+        if let (
+            Event::Done {
+                len,
+                src: Some(src),
+                ..
+            },
+            Transfer::Recv { src: from, .. },
+        ) = (&e, entry.transfer)
+        {
+            if from != sys::ADDR_UNSPEC && *src != from {
+                return self.drop_strangers_message(entry, *len, *src);
+            }
+        }
         match e {
             Event::Done { len, .. } => match entry.posted {
                 Some(posted) if len > posted => {
@@ -517,6 +538,36 @@ impl Driver {
             Event::Failed(f) => op.fail(f),
         }
         drop(entry.owner);
+    }
+
+    /// A receive bound to its peer took a message from someone else (a provider that does
+    /// not enforce `FI_DIRECTED_RECV` for senders missing from the address vector, like
+    /// libfabric 1.17 shm): the message is dropped and the receive posted again, unseen by
+    /// NCCL, whose buffer the real message then fills.
+    fn drop_strangers_message(&mut self, entry: InFlight, len: usize, src: sys::fi_addr_t) {
+        if let Some(posted) = entry.posted.filter(|&p| len > p) {
+            crate::overflow::release(len - posted);
+        }
+        self.health.strangers.fetch_add(1, Ordering::AcqRel);
+        if let Some(held) = self.strangers.allow() {
+            tracing::warn!(
+                "{}: dropped a message of {len} bytes from an endpoint that is not the comm's \
+                 peer (fi_addr {src:#x}){}; the receive waits for its peer. Something other \
+                 than this job's ranks is sending here: see the README, Security model",
+                self.label,
+                match held {
+                    0 => String::new(),
+                    n => format!(" ({n} more since the last warning)"),
+                }
+            );
+        }
+        // SAFETY: as in settle: the op lives in its owner, which stays with the post.
+        unsafe { &*entry.op }.mark_queued();
+        self.waiting.push_front(Post {
+            op: entry.op,
+            owner: entry.owner,
+            transfer: entry.transfer,
+        });
     }
 
     /// An error entry the provider wrote without an operation: an error of the endpoint
@@ -552,6 +603,7 @@ impl Driver {
                 buf: std::ptr::null_mut(),
                 len: 0,
                 desc: std::ptr::null_mut(),
+                src: sink.spec.src,
                 tag: sink.spec.tag,
                 ignore: sink.spec.ignore,
                 overflow: true,
@@ -670,7 +722,7 @@ mod tests {
             (k == crate::settings::PROVIDER).then(|| "shm".to_string())
         })
         .expect("settings");
-        let hints = crate::discover::hints(Pass::Host, &settings);
+        let hints = crate::discover::hints(Pass::Host, true, &settings);
         let list = InfoList::get(runtime_version(), &hints).expect("fi_getinfo");
         let info = list.iter().next().expect("an shm entry");
         let fabric = Fabric::open(info).expect("fabric");
@@ -701,6 +753,7 @@ mod tests {
         // A completion for an operation this driver never posted is not dereferenced.
         let bogus = 0x5eed_0000usize as *mut c_void;
         d.settle(Event::Done {
+            src: None,
             context: bogus,
             len: 8,
         });
@@ -722,6 +775,7 @@ mod tests {
         d.inbox.push(Command::Retire {
             owner: 1,
             sink: Some(SinkSpec {
+                src: sys::ADDR_UNSPEC,
                 tag: 0x7_0000,
                 ignore: 0xffff,
                 alive: Box::new(|| true),

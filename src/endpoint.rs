@@ -9,6 +9,7 @@
 //! `FI_OPT_CUDA_API_PERMITTED=false` is set on every endpoint before `fi_enable`, and the
 //! answer is kept: it is the evidence the provider policy decides on.
 
+use crate::address::Shape;
 use crate::error::{check, Error, Result};
 use crate::fabric::{close_fid, Domain};
 use crate::sys;
@@ -29,9 +30,10 @@ pub type SetoptAnswer = i32;
 /// `quirks::names_this_process`). Locked only to look up, add or remove an address.
 static OPEN_HERE: Mutex<Vec<Vec<u8>>> = Mutex::new(Vec::new());
 
-/// Refuses a peer address that names an endpoint of this process that is not open: sending
-/// there hangs some providers (libfabric 2.1 shm).
-pub fn check_peer_address(provider: &str, addr: &[u8]) -> Result<()> {
+/// Refuses a peer address that is not of `shape` (see `address`), or that names an endpoint
+/// of this process that is not open: sending there hangs some providers (libfabric 2.1 shm).
+pub fn check_peer_address(shape: &Shape, provider: &str, addr: &[u8]) -> Result<()> {
+    shape.check(addr)?;
     if crate::quirks::names_this_process(provider, addr)
         && !OPEN_HERE.lock().iter().any(|a| a == addr)
     {
@@ -47,8 +49,12 @@ pub fn check_peer_address(provider: &str, addr: &[u8]) -> Result<()> {
 /// What the completion queue said about one operation.
 #[derive(Debug, Clone)]
 pub enum Event {
-    /// Finished: bytes moved.
-    Done { context: *mut c_void, len: usize },
+    /// Finished: bytes moved; for a receive on an endpoint with `FI_SOURCE`, who sent it.
+    Done {
+        context: *mut c_void,
+        len: usize,
+        src: Option<sys::fi_addr_t>,
+    },
     /// Failed (`fi_cq_readerr`); the context may be NULL (an error of the endpoint itself).
     Failed(Failure),
 }
@@ -74,6 +80,12 @@ pub struct Endpoint {
     pub cuda_api_answer: SetoptAnswer,
     /// This endpoint's address (`fi_getname`).
     pub name: Vec<u8>,
+    /// What peer addresses must look like.
+    pub shape: Shape,
+    /// Whether receives name their source (`FI_DIRECTED_RECV`).
+    pub directed: bool,
+    /// Whether completions say who sent a message (`FI_SOURCE`).
+    pub source: bool,
     pub provider: String,
     /// Whether receives may carry the overflow area as a second piece (the provider takes two
     /// pieces and needs no descriptor for host memory).
@@ -214,6 +226,9 @@ impl Endpoint {
                 av,
                 ep_fid: ep.cast(),
                 cuda_api_answer: answer,
+                shape: Shape::of(info.addr_format(), &buf),
+                directed: info.caps() & sys::FI_DIRECTED_RECV != 0,
+                source: info.caps() & sys::FI_SOURCE != 0,
                 name: buf,
                 provider: info.provider(),
                 overflow: info.rx_iov_limit() >= 2 && info.mr_mode() & sys::FI_MR_LOCAL as i32 == 0,
@@ -226,15 +241,30 @@ impl Endpoint {
                 cq,
                 shared: shared.clone(),
             };
+            // The first entry of the address vector is the endpoint itself, so no peer gets
+            // fi_addr 0: libfabric 1.17 shm and (at times) tcp;ofi_rxm report a sender that
+            // is not in the address vector as fi_addr 0 and let it match a receive bound to
+            // that address.
+            if let Err(e) = shared.insert(&shared.name) {
+                tracing::debug!("could not enter the endpoint's own address first: {e}");
+            }
             Ok((shared, queue))
         }
     }
 
-    /// Inserts a peer address; returns its `fi_addr_t`.
+    /// Refuses a peer address this endpoint must not be given (see [`check_peer_address`]).
+    pub fn check_peer(&self, addr: &[u8]) -> Result<()> {
+        check_peer_address(&self.shape, &self.provider, addr)
+    }
+
+    /// Inserts a peer address, checked with [`Endpoint::check_peer`] first; returns its
+    /// `fi_addr_t`.
     pub fn insert(&self, addr: &[u8]) -> Result<sys::fi_addr_t> {
+        self.check_peer(addr)?;
         let mut out: sys::fi_addr_t = 0;
-        // SAFETY: av is open; addr is a readable buffer holding one address of the provider's
-        // format (a bad one is rejected by the provider with a count of 0 or an error).
+        // SAFETY: av is open; addr was just checked to hold exactly one address of the
+        // provider's format and length (NUL-terminated for string formats), so the provider
+        // reads inside it.
         let n = unsafe {
             sys::fi_av_insert(
                 self.av,
@@ -342,14 +372,34 @@ impl Queue {
     /// An error of the queue itself is returned; failed operations come back as events.
     pub fn poll(&mut self, out: &mut Vec<Event>) -> Result<usize> {
         let mut entries = [sys::fi_cq_tagged_entry::default(); CQ_BATCH];
-        // SAFETY: cq is open; entries has room for CQ_BATCH tagged entries (the CQ's format).
-        let n = unsafe { sys::fi_cq_read(self.cq, entries.as_mut_ptr().cast(), CQ_BATCH) };
+        let mut srcs = [sys::ADDR_UNSPEC; CQ_BATCH];
+        let source = self.shared.source;
+        // SAFETY: cq is open; entries has room for CQ_BATCH tagged entries (the CQ's format)
+        // and srcs for as many addresses.
+        let n = unsafe {
+            match source {
+                true => sys::fi_cq_readfrom(
+                    self.cq,
+                    entries.as_mut_ptr().cast(),
+                    CQ_BATCH,
+                    srcs.as_mut_ptr(),
+                ),
+                false => sys::fi_cq_read(self.cq, entries.as_mut_ptr().cast(), CQ_BATCH),
+            }
+        };
         if n > 0 {
-            out.extend(entries[..n as usize].iter().map(|e| Event::Done {
-                context: e.op_context,
-                len: e.len,
-            }));
-            return Ok(n as usize);
+            let n = n as usize;
+            out.extend(
+                entries[..n]
+                    .iter()
+                    .zip(&srcs[..n])
+                    .map(|(e, &src)| Event::Done {
+                        context: e.op_context,
+                        len: e.len,
+                        src: (source && e.flags & sys::FI_RECV as u64 != 0).then_some(src),
+                    }),
+            );
+            return Ok(n);
         }
         if n == 0 || n == -(sys::FI_EAGAIN as isize) {
             return Ok(0);

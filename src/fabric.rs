@@ -172,6 +172,9 @@ impl<'a> Info<'a> {
     pub fn mr_key_size(&self) -> usize {
         self.domain_attr().mr_key_size
     }
+    pub fn addr_format(&self) -> u32 {
+        self.raw.addr_format
+    }
     pub fn mem_tag_format(&self) -> u64 {
         self.ep_attr().mem_tag_format
     }
@@ -342,25 +345,31 @@ impl Drop for Domain {
 /// An endpoint address in words: `127.0.0.1:4567` or `[::1]:4567` for socket addresses, the
 /// text of a string address (`fi_shm://…`), else hex.
 pub fn address_text(addr: &[u8]) -> String {
-    let family = addr.get(..2).map(|f| u16::from_ne_bytes([f[0], f[1]]));
-    let port = |a: &[u8]| u16::from_be_bytes([a[2], a[3]]);
-    match (family.map(i32::from), addr.len()) {
-        (Some(libc::AF_INET), 16) => {
+    if let Some(sa) = socket_address(addr) {
+        return sa.to_string();
+    }
+    let text = addr.strip_suffix(&[0]).unwrap_or(addr);
+    if !text.is_empty() && text.iter().all(|b| b.is_ascii_graphic()) {
+        String::from_utf8_lossy(text).into_owned()
+    } else {
+        addr.iter().map(|b| format!("{b:02x}")).collect()
+    }
+}
+
+/// A `sockaddr_in` or `sockaddr_in6` address as a socket address; `None` for anything else.
+pub fn socket_address(addr: &[u8]) -> Option<std::net::SocketAddr> {
+    let family = i32::from(u16::from_ne_bytes([*addr.first()?, *addr.get(1)?]));
+    let port = u16::from_be_bytes([*addr.get(2)?, *addr.get(3)?]);
+    match (family, addr.len()) {
+        (libc::AF_INET, 16) => {
             let ip = std::net::Ipv4Addr::new(addr[4], addr[5], addr[6], addr[7]);
-            format!("{ip}:{}", port(addr))
+            Some((ip, port).into())
         }
-        (Some(libc::AF_INET6), 28) => {
-            let octets: [u8; 16] = addr[8..24].try_into().expect("16 bytes");
-            format!("[{}]:{}", std::net::Ipv6Addr::from(octets), port(addr))
+        (libc::AF_INET6, 28) => {
+            let octets: [u8; 16] = addr[8..24].try_into().ok()?;
+            Some((std::net::Ipv6Addr::from(octets), port).into())
         }
-        _ => {
-            let text = addr.strip_suffix(&[0]).unwrap_or(addr);
-            if !text.is_empty() && text.iter().all(|b| b.is_ascii_graphic()) {
-                String::from_utf8_lossy(text).into_owned()
-            } else {
-                addr.iter().map(|b| format!("{b:02x}")).collect()
-            }
-        }
+        _ => None,
     }
 }
 

@@ -10,6 +10,7 @@
 //! ```
 //! Every record is versioned and checksummed; a bad one is an error, never a crash.
 
+use crate::address::Shape;
 use crate::error::{Error, Result};
 use crate::nccl::NET_HANDLE_MAXSIZE;
 
@@ -37,7 +38,22 @@ fn fnv1a(data: &[u8]) -> u64 {
 }
 
 impl Identity {
+    /// This process, read from /proc once per process (a forked child reads again).
     pub fn current() -> Self {
+        static CACHED: std::sync::Mutex<Option<Identity>> = std::sync::Mutex::new(None);
+        let pid = std::process::id();
+        let mut cached = CACHED.lock().unwrap_or_else(|e| e.into_inner());
+        match *cached {
+            Some(id) if id.pid == pid => id,
+            _ => {
+                let id = Self::read(pid);
+                *cached = Some(id);
+                id
+            }
+        }
+    }
+
+    fn read(pid: u32) -> Self {
         let boot = std::fs::read("/proc/sys/kernel/random/boot_id").unwrap_or_default();
         let ns = std::fs::read_link("/proc/self/ns/pid")
             .map(|p| p.to_string_lossy().into_owned())
@@ -46,7 +62,7 @@ impl Identity {
         seed.extend_from_slice(ns.as_bytes());
         Identity {
             host: fnv1a(&seed),
-            pid: std::process::id(),
+            pid,
         }
     }
     /// Whether `other` is a process on this host (same boot, same pid namespace).
@@ -107,6 +123,16 @@ fn checksum(buf: &[u8]) -> u32 {
     let mut h = fnv1a(&buf[..36]);
     h ^= fnv1a(&buf[40..]).rotate_left(17);
     (h ^ (h >> 32)) as u32
+}
+
+/// Recomputes the checksum of an encoded record in place (for tools and tests that craft
+/// records field by field).
+pub fn seal(buf: &mut [u8]) {
+    if buf.len() >= HEADER {
+        buf[36..40].fill(0);
+        let check = checksum(buf);
+        buf[36..40].copy_from_slice(&check.to_le_bytes());
+    }
 }
 
 impl Record {
@@ -250,6 +276,95 @@ impl Handle {
             nonce: r.b,
             owner: r.who,
             addr: r.field(0, WHAT)?.to_vec(),
+        })
+    }
+}
+
+/// A control message, read and checked: every address in it has the shape of this
+/// provider's addresses (see `address`), so it can go to libfabric as it is.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Message {
+    /// To listen comm `token`: connect `conn`, answer to `reply_to` (the sender's control
+    /// endpoint); its data arrives from `data`.
+    Connect {
+        token: u64,
+        conn: u64,
+        who: Identity,
+        reply_to: Vec<u8>,
+        data: Vec<u8>,
+    },
+    /// Connect `conn` accepted: send to comm `id` at `data`.
+    Ack {
+        conn: u64,
+        id: u64,
+        who: Identity,
+        data: Vec<u8>,
+    },
+    /// Connect `conn` refused, and why.
+    Nack {
+        conn: u64,
+        why: String,
+    },
+    /// A liveness probe: answer `token` to `reply_to`.
+    Ping {
+        token: u64,
+        reply_to: Vec<u8>,
+    },
+    Pong {
+        token: u64,
+    },
+}
+
+impl Message {
+    /// Reads and checks a control message; any flaw is an `InvalidArgument` saying which.
+    pub fn parse(bytes: &[u8], shape: &Shape) -> Result<Message> {
+        let r = Record::read(bytes, "control message")?;
+        let what = format!("{:?}", r.kind);
+        let address = |i: usize| -> Result<Vec<u8>> {
+            let a = r.field(i, &what)?;
+            shape
+                .check(a)
+                .map_err(|e| Error::InvalidArgument(format!("malformed {what}: {e}")))?;
+            Ok(a.to_vec())
+        };
+        Ok(match r.kind {
+            Kind::Connect => Message::Connect {
+                token: r.a,
+                conn: r.b,
+                who: r.who,
+                reply_to: address(0)?,
+                data: address(1)?,
+            },
+            Kind::Ack => Message::Ack {
+                conn: r.a,
+                id: r.b,
+                who: r.who,
+                data: address(0)?,
+            },
+            Kind::Nack => Message::Nack {
+                conn: r.a,
+                why: r
+                    .fields
+                    .first()
+                    .map(|f| {
+                        String::from_utf8_lossy(f)
+                            .chars()
+                            .filter(|c| !c.is_control())
+                            .take(160)
+                            .collect()
+                    })
+                    .unwrap_or_default(),
+            },
+            Kind::Ping => Message::Ping {
+                token: r.a,
+                reply_to: address(0)?,
+            },
+            Kind::Pong => Message::Pong { token: r.a },
+            Kind::Handle => {
+                return Err(Error::InvalidArgument(
+                    "malformed control message: a connection handle".into(),
+                ))
+            }
         })
     }
 }

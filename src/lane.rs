@@ -37,7 +37,7 @@ pub enum Role {
 /// Who drives a lane.
 enum Link {
     /// NCCL's calls, one at a time under the lane's lock.
-    Caller(Driver),
+    Caller(Box<Driver>),
     /// Its own progress thread.
     Thread(Progress),
     /// Retired.
@@ -154,6 +154,15 @@ impl Lane {
         self.next_id.fetch_add(1, Ordering::Relaxed) & self.tags.id_mask()
     }
 
+    /// What a receive from `peer` names as its source: the peer itself where the provider
+    /// binds receives to their source (`FI_DIRECTED_RECV`), anyone otherwise.
+    pub fn source(&self, peer: sys::fi_addr_t) -> sys::fi_addr_t {
+        match self.endpoint.directed {
+            true => peer,
+            false => sys::ADDR_UNSPEC,
+        }
+    }
+
     /// The fi_addr of a peer address, inserting it into the address vector the first time.
     /// An address naming an endpoint of this process must be one that is open (see quirks).
     pub fn peer(&self, addr: &[u8]) -> Result<sys::fi_addr_t> {
@@ -161,7 +170,6 @@ impl Lane {
         if let Some(&a) = peers.get(addr) {
             return Ok(a);
         }
-        crate::endpoint::check_peer_address(&self.endpoint.provider, addr)?;
         let a = self.endpoint.insert(addr)?;
         peers.insert(addr.to_vec(), a);
         Ok(a)
@@ -189,7 +197,7 @@ impl Lane {
     fn retire(&self, adopt: Option<&Adopt>) {
         let link = std::mem::replace(&mut *self.link.lock(), Link::Gone);
         let driver = match link {
-            Link::Caller(d) => Some(d),
+            Link::Caller(d) => Some(*d),
             Link::Thread(p) => p.stop(),
             Link::Gone => None,
         };
@@ -233,7 +241,6 @@ pub struct LanePool {
     slots: Mutex<[RoleSlots; 2]>,
     /// Every lane of the pool, shared or not (for [`Lane::drive_neighbours`]).
     members: Mutex<Vec<Weak<Lane>>>,
-    opened: AtomicUsize,
 }
 
 impl LanePool {
@@ -243,13 +250,7 @@ impl LanePool {
             config,
             slots: Mutex::new([(vec![None; n], 0), (vec![None; n], 0)]),
             members: Mutex::new(Vec::new()),
-            opened: AtomicUsize::new(0),
         })
-    }
-
-    /// How many endpoints this pool has opened so far.
-    pub fn opened(&self) -> usize {
-        self.opened.load(Ordering::Relaxed)
     }
 
     /// A lane for a new comm, opened if its turn has none yet. The pool's lock is not held
@@ -316,9 +317,9 @@ impl LanePool {
         let (link, threaded) = match c.threaded {
             true => match Progress::spawn(driver, &inbox) {
                 Ok(p) => (Link::Thread(p), true),
-                Err(d) => (Link::Caller(*d), false),
+                Err(d) => (Link::Caller(d), false),
             },
-            false => (Link::Caller(driver), false),
+            false => (Link::Caller(Box::new(driver)), false),
         };
         tracing::debug!(
             "endpoint opened on {} for {:?} comms ({}; setopt FI_OPT_CUDA_API_PERMITTED=false \
@@ -332,7 +333,6 @@ impl LanePool {
                 false => "NCCL's calls drive it",
             }
         );
-        self.opened.fetch_add(1, Ordering::Relaxed);
         let lane = Arc::new(Lane {
             tags: Tags::new(domain.info.info().mem_tag_format()),
             endpoint,

@@ -13,9 +13,11 @@
 //!   [`driver`] (the one reader of an endpoint's queue), [`op`], [`tags`], [`overflow`].
 //! - [`provider`] (pure policy) fed by [`discover`]; [`quirks`] (what particular providers
 //!   need); [`handshake`] (wire records); [`settings`].
-//! - [`endpoint`], [`fabric`], [`sys`]: libfabric itself.
+//! - [`endpoint`], [`fabric`], [`sys`]: libfabric itself; [`address`]: what a peer address
+//!   must look like before libfabric sees it.
 //! - [`host`]: the NCCL side of the ABI, for the demo, the tests and the benchmarks.
 
+pub mod address;
 pub mod comm;
 pub mod connection;
 pub mod control;

@@ -163,3 +163,35 @@ pub fn init_nccl(logger: Logger) {
     install();
     tracing::callsite::rebuild_interest_cache();
 }
+
+/// Lets a repeated warning through at most once per period, counting the ones held back.
+pub struct Throttle {
+    every: std::time::Duration,
+    last: Option<std::time::Instant>,
+    held: u64,
+}
+
+impl Throttle {
+    pub fn new(every: std::time::Duration) -> Self {
+        Throttle {
+            every,
+            last: None,
+            held: 0,
+        }
+    }
+
+    /// `Some(n)`: warn now, `n` warnings were held back since the last one; `None`: hold
+    /// this one back.
+    pub fn allow(&mut self) -> Option<u64> {
+        let now = std::time::Instant::now();
+        if self
+            .last
+            .is_some_and(|t| now.duration_since(t) < self.every)
+        {
+            self.held += 1;
+            return None;
+        }
+        self.last = Some(now);
+        Some(std::mem::take(&mut self.held))
+    }
+}

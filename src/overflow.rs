@@ -45,11 +45,7 @@ fn area() -> Option<usize> {
 /// The area's address and how much of it a receive of `posted` bytes may use, given the
 /// provider's largest message; `None` when there is no area.
 pub fn for_receive(posted: usize, max_msg_size: usize) -> Option<(*mut u8, usize)> {
-    let cap = std::env::var("NFAB_OVF")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(LEN);
-    let room = cap.min(max_msg_size.saturating_sub(posted));
+    let room = LEN.min(max_msg_size.saturating_sub(posted));
     (room > 0).then_some(())?;
     area().map(|a| (a as *mut u8, room))
 }

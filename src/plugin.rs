@@ -195,7 +195,7 @@ fn summary(discovery: &Discovery, decision: &Decision, devices: &[Device]) -> St
     let answer = first.setopt.clone().and_then(Result::ok).unwrap_or(0);
     format!(
         "provider {} fabric {} domain(s) {} ({} device(s)); libfabric {} (headers {}); {}; this \
-         provider's setopt(FI_OPT_CUDA_API_PERMITTED=false) = {}: {}",
+         provider's setopt(FI_OPT_CUDA_API_PERMITTED=false) = {}: {}; {}",
         decision.provider,
         first.fabric,
         devices
@@ -209,6 +209,10 @@ fn summary(discovery: &Discovery, decision: &Decision, devices: &[Device]) -> St
         decision.hmem_reason,
         errno_name(answer),
         CudaApiAnswer::classify(answer).describe(),
+        match first.caps & crate::sys::FI_DIRECTED_RECV {
+            0 => "receives are matched by tag only (the provider lacks FI_DIRECTED_RECV)",
+            _ => "each receive accepts only its peer (FI_DIRECTED_RECV)",
+        }
     )
 }
 

@@ -22,6 +22,9 @@
 //!   provider never truncates and the plugin reports the sizes itself (see `overflow`).
 //! - **Native tcp** RDM hangs under NCCL (ofiwg/libfabric#8963): refused unless allowed
 //!   ([`native_tcp_refusal`]).
+//! - **Refused connections go unreported**: a CONNECT to a port nobody listens on is retried
+//!   by rxm and tcp, and shm waits for a name that never appears; none fails the send. A
+//!   connect that has waited a second checks the address itself ([`refused`]).
 //! - **No link speed**: shm and sm2 report none; NCCL then opens 2 channels at the 100 Gb/s it
 //!   assumes. They are announced at 400 Gb/s so NCCL opens 4 and 4 endpoints copy at once
 //!   (all_reduce busbw at 1 GiB: 9.3 → 14.5 GB/s on a 32-core machine) ([`unreported_speed_mbps`]).
@@ -99,6 +102,34 @@ pub fn names_this_process(provider: &str, addr: &[u8]) -> bool {
     let text = addr.split(|&b| b == 0).next().unwrap_or_default();
     let prefix = own_shm_prefix();
     text.starts_with(prefix.as_bytes()) && matches!(text.get(prefix.len()), None | Some(b':'))
+}
+
+/// Why nothing can be listening at `addr`, if the plugin can tell: a TCP connection refused
+/// (providers over TCP), or no shm region of that name on this host. `None`: it may be there.
+/// Takes at most 100 ms.
+pub fn refused(provider: &str, addr: &[u8]) -> Option<String> {
+    if provider.contains("tcp") || provider.contains("sockets") {
+        let sa = crate::fabric::socket_address(addr)?;
+        return match std::net::TcpStream::connect_timeout(
+            &sa,
+            std::time::Duration::from_millis(100),
+        ) {
+            Err(e) if e.kind() == std::io::ErrorKind::ConnectionRefused => {
+                Some(format!("connection to {sa} refused"))
+            }
+            _ => None,
+        };
+    }
+    if local_only(provider) {
+        let text = addr.split(|&b| b == 0).next()?;
+        let name = std::str::from_utf8(text).ok()?.strip_prefix("fi_shm://")?;
+        if !name.contains('/') && !std::path::Path::new("/dev/shm").join(name).exists() {
+            return Some(format!(
+                "no shared-memory endpoint /dev/shm/{name} on this host"
+            ));
+        }
+    }
+    None
 }
 
 #[cfg(test)]
