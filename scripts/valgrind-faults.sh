@@ -1,11 +1,14 @@
 #!/usr/bin/env bash
-# Runs the fault tests (tests/faults.rs) with every child process under valgrind memcheck,
-# against Debian's libfabric 1.17 and the built 2.1, and fails if valgrind saw an invalid
-# read or write with a frame of the plugin on its stack. Logs: target/valgrind/<version>/.
+# Runs the fault tests (tests/faults.rs) and the hostile-input tests (tests/hostile.rs: the
+# corpus of damaged handles and control messages, a stranger's injections and floods) with
+# every child process under valgrind memcheck, against Debian's libfabric 1.17 and the built
+# 2.1, and fails if valgrind saw an invalid read or write with a frame of the plugin on its
+# stack. Logs: target/valgrind/<version>/.
 #
 # Slow (valgrind runs the children 20-50 times slower; their deadlines are stretched by
-# NFAB_SLOW). Arguments are passed to the test binary, e.g. a test name to run just that, and
-# VERSIONS picks the libfabric versions (default "1.17 2.1"):
+# NFAB_SLOW). Arguments are passed to the test binaries, e.g. a test name to run just that,
+# VERSIONS picks the libfabric versions (default "1.17 2.1") and TESTS the test files
+# (default "faults hostile"):
 #   VERSIONS=2.1 bash scripts/valgrind-faults.sh a_truncated_receive_fails_alone
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -21,10 +24,13 @@ run() { # label, then env assignments for cargo
   local label=$1; shift
   local logs=$PWD/target/valgrind/$label
   rm -rf "$logs"; mkdir -p "$logs"
-  echo "== fault tests under valgrind, libfabric $label (logs in $logs)"
-  # Peers under valgrind answer probes late: a longer liveness timeout keeps them alive.
-  env "$@" NFAB_VALGRIND_DIR="$logs" NFAB_SLOW=30 NCCL_FABRIC_PEER_TIMEOUT_MS=20000 \
-    cargo test --quiet --test faults -- --test-threads=1 "${ARGS[@]}"
+  local t
+  for t in ${TESTS:-faults hostile}; do
+    echo "== $t tests under valgrind, libfabric $label (logs in $logs)"
+    # Peers under valgrind answer probes late: a longer liveness timeout keeps them alive.
+    env "$@" NFAB_VALGRIND_DIR="$logs" NFAB_SLOW=30 NCCL_FABRIC_PEER_TIMEOUT_MS=20000 \
+      cargo test --quiet --test "$t" -- --test-threads=1 "${ARGS[@]}"
+  done
   python3 scripts/valgrind-check.py "$logs"
 }
 

@@ -6,6 +6,8 @@
 //! deadline and is killed when it passes it.
 #![allow(dead_code)]
 
+pub mod corpus;
+pub mod scenario;
 pub mod stranger;
 
 use nccl_net_fabric::host::PluginLib;
@@ -185,9 +187,13 @@ impl ChildTest {
     }
 
     pub fn send_line(&mut self, line: &str) {
+        assert!(self.try_send_line(line), "write to child {}", self.name);
+    }
+
+    /// As [`ChildTest::send_line`]; false if the child no longer reads (it exited).
+    pub fn try_send_line(&mut self, line: &str) -> bool {
         let stdin = self.child.stdin.as_mut().expect("child stdin");
-        writeln!(stdin, "{line}").expect("write to child");
-        stdin.flush().expect("flush");
+        writeln!(stdin, "{line}").is_ok() && stdin.flush().is_ok()
     }
 
     /// Reads stdout until a `RESULT key=value` line; kills the child and panics at the deadline.
