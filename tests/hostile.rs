@@ -302,16 +302,21 @@ fn a_stranger_cannot_reach_a_comm_or_take_a_listen_comm() {
             after_control / 1024,
             after / 1024
         );
+        assert_eq!(
+            injected,
+            INJECTED.to_string(),
+            "{p}: the injections went out"
+        );
+        if slow() > 1.0 {
+            // Under valgrind the RSS is valgrind's, and the run outlasts the WARN period.
+            assert!(warns >= 1, "{p}: no WARN about dropped messages");
+            continue;
+        }
         // The flood carries 512 MiB; what rxm keeps for the connection is ~18 MiB whatever
         // the volume (1 GiB gives the same).
         assert!(
             after_control.saturating_sub(before) < 32 * 1024,
             "{p}: the control endpoint's flood grew the RSS from {before} to {after_control} KiB"
-        );
-        assert_eq!(
-            injected,
-            INJECTED.to_string(),
-            "{p}: the injections went out"
         );
         assert!(
             after.saturating_sub(before) < 64 * 1024,
