@@ -33,6 +33,7 @@
 #   OUT               where logs and summary.md go (default .scratch/gpu-out)
 #   TIMEOUT           seconds allowed per benchmark (default 150): a run past it counts as a hang
 #   ITERS, WARMUP     nccl-tests -n / -w (default 10 / 3)
+#   COMPARE_ROUNDS    rounds of the compare stage (default 2)
 #   MINBYTES, MAXBYTES nccl-tests -b / -e (default 1M / 1G)
 set -uo pipefail
 repo=$(cd "$(dirname "$0")/../.." && pwd)
@@ -208,7 +209,7 @@ stage_compare() {
   run socket-all_reduce all_reduce_perf $(socket)
   run socket4x4-all_reduce all_reduce_perf $(socket) NCCL_SOCKET_NTHREADS=4 NCCL_NSOCKS_PERTHREAD=4
   local round
-  for round in 1 2; do
+  for round in $(seq "${COMPARE_ROUNDS:-2}"); do
     # shellcheck disable=SC2086
     run "before-rxm-$round" all_reduce_perf $old NCCL_FABRIC_PROVIDER="tcp;ofi_rxm"
     run "after-rxm-$round" all_reduce_perf $(fabric) NCCL_FABRIC_PROVIDER="tcp;ofi_rxm"
