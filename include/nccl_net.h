@@ -1,9 +1,9 @@
 /*
  * NCCL network-plugin ABI as nccl-net-fabric implements it (x86-64 / LP64).
  *
- * Written from NCCL's documented plugin interface. Only what this plugin exports is
- * described: the v8 table (NCCL 2.20 and later) and the v11 table (NCCL 2.28 and later). Sizes are checked below at compile time
- * (build.rs compiles this header) and again from Rust in tests/abi.rs.
+ * Written from NCCL's documented plugin interface: the tables this plugin exports, v6 (NCCL
+ * 2.13) to v12 (NCCL 2.30), and the descriptor of its profiler events. Sizes are checked below
+ * at compile time (build.rs compiles this header) and again from Rust in tests/abi.rs.
  */
 #ifndef NCCL_NET_FABRIC_NCCL_NET_H
 #define NCCL_NET_FABRIC_NCCL_NET_H
@@ -97,6 +97,86 @@ typedef struct {
   ncclResult_t (*irecvConsumed)(void* recvComm, int n, void* request);
 } ncclNet_v8_t;
 
+/* v6 (NCCL 2.13-2.18): no device handles; int sizes. */
+typedef struct {
+  char* name;
+  char* pciPath;
+  uint64_t guid;
+  int ptrSupport;
+  int speed;
+  int port;
+  float latency;
+  int maxComms;
+  int maxRecvs;
+} ncclNetProperties_v6_t;
+
+typedef struct {
+  const char* name;
+  ncclResult_t (*init)(ncclDebugLogger_t logFunction);
+  ncclResult_t (*devices)(int* ndev);
+  ncclResult_t (*getProperties)(int dev, ncclNetProperties_v6_t* props);
+  ncclResult_t (*listen)(int dev, void* handle, void** listenComm);
+  ncclResult_t (*connect)(int dev, void* handle, void** sendComm);
+  ncclResult_t (*accept)(void* listenComm, void** recvComm);
+  ncclResult_t (*regMr)(void* comm, void* data, int size, int type, void** mhandle);
+  ncclResult_t (*regMrDmaBuf)(void* comm, void* data, size_t size, int type, uint64_t offset,
+                              int fd, void** mhandle);
+  ncclResult_t (*deregMr)(void* comm, void* mhandle);
+  ncclResult_t (*isend)(void* sendComm, void* data, int size, int tag, void* mhandle,
+                        void** request);
+  ncclResult_t (*irecv)(void* recvComm, int n, void** data, int* sizes, int* tags,
+                        void** mhandles, void** request);
+  ncclResult_t (*iflush)(void* recvComm, int n, void** data, int* sizes, void** mhandles,
+                         void** request);
+  ncclResult_t (*test)(void* request, int* done, int* sizes);
+  ncclResult_t (*closeSend)(void* sendComm);
+  ncclResult_t (*closeRecv)(void* recvComm);
+  ncclResult_t (*closeListen)(void* listenComm);
+} ncclNet_v6_t;
+
+/* v7 (NCCL 2.19): device handles, getDeviceMr, irecvConsumed; regMr size still int. */
+typedef struct {
+  char* name;
+  char* pciPath;
+  uint64_t guid;
+  int ptrSupport;
+  int speed;
+  int port;
+  float latency;
+  int maxComms;
+  int maxRecvs;
+  int netDeviceType;
+  int netDeviceVersion;
+} ncclNetProperties_v7_t;
+
+typedef struct {
+  const char* name;
+  ncclResult_t (*init)(ncclDebugLogger_t logFunction);
+  ncclResult_t (*devices)(int* ndev);
+  ncclResult_t (*getProperties)(int dev, ncclNetProperties_v7_t* props);
+  ncclResult_t (*listen)(int dev, void* handle, void** listenComm);
+  ncclResult_t (*connect)(int dev, void* handle, void** sendComm,
+                          ncclNetDeviceHandle_v8_t** sendDevComm);
+  ncclResult_t (*accept)(void* listenComm, void** recvComm,
+                         ncclNetDeviceHandle_v8_t** recvDevComm);
+  ncclResult_t (*regMr)(void* comm, void* data, int size, int type, void** mhandle);
+  ncclResult_t (*regMrDmaBuf)(void* comm, void* data, size_t size, int type, uint64_t offset,
+                              int fd, void** mhandle);
+  ncclResult_t (*deregMr)(void* comm, void* mhandle);
+  ncclResult_t (*isend)(void* sendComm, void* data, int size, int tag, void* mhandle,
+                        void** request);
+  ncclResult_t (*irecv)(void* recvComm, int n, void** data, int* sizes, int* tags,
+                        void** mhandles, void** request);
+  ncclResult_t (*iflush)(void* recvComm, int n, void** data, int* sizes, void** mhandles,
+                         void** request);
+  ncclResult_t (*test)(void* request, int* done, int* sizes);
+  ncclResult_t (*closeSend)(void* sendComm);
+  ncclResult_t (*closeRecv)(void* recvComm);
+  ncclResult_t (*closeListen)(void* listenComm);
+  ncclResult_t (*getDeviceMr)(void* comm, void* mhandle, void** dptr_mhandle);
+  ncclResult_t (*irecvConsumed)(void* recvComm, int n, void* request);
+} ncclNet_v7_t;
+
 /* v11 (NCCL 2.28 and later): init per communicator with a context, size_t sizes. */
 #define NCCL_NET_MAX_DEVS_PER_NIC_V11 4
 
@@ -131,7 +211,8 @@ typedef struct {
 
 typedef ncclNetDeviceHandle_v8_t ncclNetDeviceHandle_v11_t;
 typedef struct ncclNetAttr_v11 ncclNetAttr_v11_t; /* only passed through */
-typedef void* ncclProfilerCallback_t;           /* only passed through */
+typedef ncclResult_t (*ncclProfilerCallback_t)(void** eHandle, int type, void* phandle,
+                                               int64_t pluginId, void* extData);
 
 typedef struct {
   const char* name;
@@ -165,9 +246,173 @@ typedef struct {
   ncclResult_t (*setNetAttr)(void* ctx, ncclNetAttr_v11_t* netAttr);
 } ncclNet_v11_t;
 
+/* v9 (NCCL 2.24-2.25) and v10 (2.26-2.27) share their properties layout. */
+typedef struct {
+  char* name;
+  char* pciPath;
+  uint64_t guid;
+  int ptrSupport;
+  int regIsGlobal;
+  int forceFlush;
+  int speed;
+  int port;
+  float latency;
+  int maxComms;
+  int maxRecvs;
+  int netDeviceType;
+  int netDeviceVersion;
+  ncclNetVDeviceProps_v11_t vProps;
+  size_t maxP2pBytes;
+  size_t maxCollBytes;
+} ncclNetProperties_v9_t;
+typedef ncclNetProperties_v9_t ncclNetProperties_v10_t;
+
+typedef struct {
+  const char* name;
+  ncclResult_t (*init)(ncclDebugLogger_t logFunction);
+  ncclResult_t (*devices)(int* ndev);
+  ncclResult_t (*getProperties)(int dev, ncclNetProperties_v9_t* props);
+  ncclResult_t (*listen)(int dev, void* handle, void** listenComm);
+  ncclResult_t (*connect)(int dev, void* handle, void** sendComm,
+                          ncclNetDeviceHandle_v8_t** sendDevComm);
+  ncclResult_t (*accept)(void* listenComm, void** recvComm,
+                         ncclNetDeviceHandle_v8_t** recvDevComm);
+  ncclResult_t (*regMr)(void* comm, void* data, size_t size, int type, void** mhandle);
+  ncclResult_t (*regMrDmaBuf)(void* comm, void* data, size_t size, int type, uint64_t offset,
+                              int fd, void** mhandle);
+  ncclResult_t (*deregMr)(void* comm, void* mhandle);
+  ncclResult_t (*isend)(void* sendComm, void* data, size_t size, int tag, void* mhandle,
+                        void** request);
+  ncclResult_t (*irecv)(void* recvComm, int n, void** data, size_t* sizes, int* tags,
+                        void** mhandles, void** request);
+  ncclResult_t (*iflush)(void* recvComm, int n, void** data, int* sizes, void** mhandles,
+                         void** request);
+  ncclResult_t (*test)(void* request, int* done, int* sizes);
+  ncclResult_t (*closeSend)(void* sendComm);
+  ncclResult_t (*closeRecv)(void* recvComm);
+  ncclResult_t (*closeListen)(void* listenComm);
+  ncclResult_t (*getDeviceMr)(void* comm, void* mhandle, void** dptr_mhandle);
+  ncclResult_t (*irecvConsumed)(void* recvComm, int n, void* request);
+  ncclResult_t (*makeVDevice)(int* d, ncclNetVDeviceProps_v11_t* props);
+} ncclNet_v9_t;
+
+typedef ncclNetCommConfig_v11_t ncclNetCommConfig_v10_t;
+
+typedef struct {
+  const char* name;
+  ncclResult_t (*init)(ncclDebugLogger_t logFunction, ncclProfilerCallback_t profFunction);
+  ncclResult_t (*devices)(int* ndev);
+  ncclResult_t (*getProperties)(int dev, ncclNetProperties_v10_t* props);
+  ncclResult_t (*listen)(int dev, void* handle, void** listenComm);
+  ncclResult_t (*connect)(int dev, ncclNetCommConfig_v10_t* config, void* handle,
+                          void** sendComm, ncclNetDeviceHandle_v8_t** sendDevComm);
+  ncclResult_t (*accept)(void* listenComm, void** recvComm,
+                         ncclNetDeviceHandle_v8_t** recvDevComm);
+  ncclResult_t (*regMr)(void* comm, void* data, size_t size, int type, void** mhandle);
+  ncclResult_t (*regMrDmaBuf)(void* comm, void* data, size_t size, int type, uint64_t offset,
+                              int fd, void** mhandle);
+  ncclResult_t (*deregMr)(void* comm, void* mhandle);
+  ncclResult_t (*isend)(void* sendComm, void* data, size_t size, int tag, void* mhandle,
+                        void* phandle, void** request);
+  ncclResult_t (*irecv)(void* recvComm, int n, void** data, size_t* sizes, int* tags,
+                        void** mhandles, void** phandles, void** request);
+  ncclResult_t (*iflush)(void* recvComm, int n, void** data, int* sizes, void** mhandles,
+                         void** request);
+  ncclResult_t (*test)(void* request, int* done, int* sizes);
+  ncclResult_t (*closeSend)(void* sendComm);
+  ncclResult_t (*closeRecv)(void* recvComm);
+  ncclResult_t (*closeListen)(void* listenComm);
+  ncclResult_t (*getDeviceMr)(void* comm, void* mhandle, void** dptr_mhandle);
+  ncclResult_t (*irecvConsumed)(void* recvComm, int n, void* request);
+  ncclResult_t (*makeVDevice)(int* d, ncclNetVDeviceProps_v11_t* props);
+} ncclNet_v10_t;
+
+/* v12 (NCCL 2.30 and later): rail and plane ids (-1: undefined), 8 devices per vNIC. */
+#define NCCL_NET_MAX_DEVS_PER_NIC_V12 8
+
+typedef struct {
+  int ndevs;
+  int devs[NCCL_NET_MAX_DEVS_PER_NIC_V12];
+} ncclNetVDeviceProps_v12_t;
+
+typedef struct {
+  char* name;
+  char* pciPath;
+  uint64_t guid;
+  int ptrSupport;
+  int regIsGlobal;
+  int forceFlush;
+  int speed;
+  int port;
+  float latency;
+  int maxComms;
+  int maxRecvs;
+  int netDeviceType;
+  int netDeviceVersion;
+  ncclNetVDeviceProps_v12_t vProps;
+  size_t maxP2pBytes;
+  size_t maxCollBytes;
+  int maxMultiRequestSize;
+  int16_t railId;
+  int16_t planeId;
+} ncclNetProperties_v12_t;
+
+typedef ncclNetCommConfig_v11_t ncclNetCommConfig_v12_t;
+typedef struct ncclNetAttr_v12 ncclNetAttr_v12_t; /* only passed through */
+
+typedef struct {
+  const char* name;
+  ncclResult_t (*init)(void** ctx, uint64_t commId, ncclNetCommConfig_v12_t* config,
+                       ncclDebugLogger_t logFunction, ncclProfilerCallback_t profFunction);
+  ncclResult_t (*devices)(int* ndev);
+  ncclResult_t (*getProperties)(int dev, ncclNetProperties_v12_t* props);
+  ncclResult_t (*listen)(void* ctx, int dev, void* handle, void** listenComm);
+  ncclResult_t (*connect)(void* ctx, int dev, void* handle, void** sendComm,
+                          ncclNetDeviceHandle_v8_t** sendDevComm);
+  ncclResult_t (*accept)(void* listenComm, void** recvComm,
+                         ncclNetDeviceHandle_v8_t** recvDevComm);
+  ncclResult_t (*regMr)(void* comm, void* data, size_t size, int type, void** mhandle);
+  ncclResult_t (*regMrDmaBuf)(void* comm, void* data, size_t size, int type, uint64_t offset,
+                              int fd, void** mhandle);
+  ncclResult_t (*deregMr)(void* comm, void* mhandle);
+  ncclResult_t (*isend)(void* sendComm, void* data, size_t size, int tag, void* mhandle,
+                        void* phandle, void** request);
+  ncclResult_t (*irecv)(void* recvComm, int n, void** data, size_t* sizes, int* tags,
+                        void** mhandles, void** phandles, void** request);
+  ncclResult_t (*iflush)(void* recvComm, int n, void** data, int* sizes, void** mhandles,
+                         void** request);
+  ncclResult_t (*test)(void* request, int* done, int* sizes);
+  ncclResult_t (*closeSend)(void* sendComm);
+  ncclResult_t (*closeRecv)(void* recvComm);
+  ncclResult_t (*closeListen)(void* listenComm);
+  ncclResult_t (*getDeviceMr)(void* comm, void* mhandle, void** dptr_mhandle);
+  ncclResult_t (*irecvConsumed)(void* recvComm, int n, void* request);
+  ncclResult_t (*makeVDevice)(int* d, ncclNetVDeviceProps_v12_t* props);
+  ncclResult_t (*finalize)(void* ctx);
+  ncclResult_t (*setNetAttr)(void* ctx, ncclNetAttr_v12_t* netAttr);
+} ncclNet_v12_t;
+
+/* Profiler events (v10+). NCCL's callback: profFunction(&eHandle, type, phandle, pluginId,
+ * extData), type 0 = start, 1 = stop. This plugin starts one event per buffer of each isend
+ * and irecv when NCCL passed a callback, with pluginId NCCL_PROFILER_NET_TYPE_FABRIC | 1 and
+ * extData pointing to this descriptor, and stops it when test reports the request done. */
+#define NCCL_PROFILER_NET_TYPE_FABRIC (0x46U << 16)
+
+typedef struct {
+  uint8_t type;   /* 1 send, 2 receive */
+  int part;       /* which buffer of a grouped receive (0 for a send) */
+  int tag;        /* NCCL's tag */
+  size_t length;  /* bytes posted */
+} ncclProfilerNetFabricDescr_v1_t;
+
 /* The tables this plugin exports (NCCL looks up the newest it knows first). */
+extern const ncclNet_v12_t ncclNetPlugin_v12;
 extern const ncclNet_v11_t ncclNetPlugin_v11;
+extern const ncclNet_v10_t ncclNetPlugin_v10;
+extern const ncclNet_v9_t ncclNetPlugin_v9;
 extern const ncclNet_v8_t ncclNetPlugin_v8;
+extern const ncclNet_v7_t ncclNetPlugin_v7;
+extern const ncclNet_v6_t ncclNetPlugin_v6;
 
 #if defined(__x86_64__) || defined(__aarch64__)
 _Static_assert(sizeof(ncclNetProperties_v8_t) == 64, "ncclNetProperties_v8_t is 64 bytes");
@@ -181,6 +426,19 @@ _Static_assert(offsetof(ncclNetProperties_v11_t, vProps) == 64, "vProps at 64");
 _Static_assert(offsetof(ncclNetProperties_v11_t, maxP2pBytes) == 88, "maxP2pBytes at 88");
 _Static_assert(offsetof(ncclNetProperties_v11_t, maxMultiRequestSize) == 104, "maxMultiRequestSize at 104");
 _Static_assert(sizeof(ncclNet_v11_t) == 176, "ncclNet_v11_t is 176 bytes");
+_Static_assert(sizeof(ncclNetProperties_v6_t) == 48, "ncclNetProperties_v6_t is 48 bytes");
+_Static_assert(sizeof(ncclNet_v6_t) == 136, "ncclNet_v6_t is 136 bytes");
+_Static_assert(sizeof(ncclNetProperties_v7_t) == 56, "ncclNetProperties_v7_t is 56 bytes");
+_Static_assert(sizeof(ncclNet_v7_t) == 152, "ncclNet_v7_t is 152 bytes");
+_Static_assert(sizeof(ncclNetProperties_v9_t) == 104, "ncclNetProperties_v9_t is 104 bytes");
+_Static_assert(offsetof(ncclNetProperties_v9_t, maxCollBytes) == 96, "maxCollBytes at 96");
+_Static_assert(sizeof(ncclNet_v9_t) == 160, "ncclNet_v9_t is 160 bytes");
+_Static_assert(sizeof(ncclNet_v10_t) == 160, "ncclNet_v10_t is 160 bytes");
+_Static_assert(sizeof(ncclNetProperties_v12_t) == 128, "ncclNetProperties_v12_t is 128 bytes");
+_Static_assert(offsetof(ncclNetProperties_v12_t, maxP2pBytes) == 104, "maxP2pBytes at 104");
+_Static_assert(offsetof(ncclNetProperties_v12_t, railId) == 124, "railId at 124");
+_Static_assert(sizeof(ncclNet_v12_t) == 176, "ncclNet_v12_t is 176 bytes");
+_Static_assert(sizeof(ncclProfilerNetFabricDescr_v1_t) == 24, "descriptor is 24 bytes");
 #endif
 
 #endif

@@ -20,13 +20,31 @@ use crate::op::{Op, Status};
 use crate::opaque::{self, request};
 use crate::sys;
 use parking_lot::Mutex;
+use std::collections::HashMap;
 use std::ffi::c_void;
 use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-/// Outstanding requests per comm (NCCL keeps at most 8 in flight; its limit is 32).
+/// Outstanding requests per comm (NCCL keeps at most 8 in flight; its limit is 32); a send
+/// comm has as many per buffer a grouped receive may take.
 pub const REQUESTS_PER_COMM: usize = crate::nccl::NET_MAX_REQUESTS;
+/// Most buffers one receive may group (`maxRecvs`; NCCL's IB transport offers 8).
+pub const MAX_RECVS: usize = 8;
+
+/// One buffer of a send or (grouped) receive, as NCCL passes it.
+#[derive(Debug, Clone, Copy)]
+pub struct Buffer {
+    pub data: *mut c_void,
+    pub len: usize,
+    /// The registration's descriptor, or NULL.
+    pub desc: *mut c_void,
+    /// Host memory (a receive into GPU memory gets no overflow area: providers may take
+    /// every piece of a receive to be of the first piece's kind).
+    pub host: bool,
+    /// NCCL's tag: which send a buffer of a grouped receive takes.
+    pub tag: i32,
+}
 
 const REQUEST_MAGIC: u64 = 0x4e46_4142_5245_5132; // "NFABREQ2"
 
@@ -53,9 +71,9 @@ pub struct Comm {
     id: u64,
     pub peer: PeerInfo,
     me: Identity,
-    /// The next sequence number; held while posting, so numbers are used in order and one
-    /// the provider refused is used again.
-    next_seq: Mutex<u64>,
+    /// The next sequence number per NCCL tag (see `tags`); held while posting, so numbers
+    /// are used in order and one the provider refused is used again.
+    next_seq: Mutex<HashMap<u64, u64>>,
     requests: Box<[Request]>,
     /// After how long an unfinished request is reported (`NCCL_FABRIC_STALL_WARN_MS`).
     stall_warn: Option<Duration>,
@@ -74,20 +92,36 @@ impl opaque::Kind for Arc<Comm> {
     const NAME: &'static str = "comm";
 }
 
-/// A request NCCL holds between isend/irecv and the `test` that reports it done.
+/// A request NCCL holds between isend/irecv and the `test` that reports it done: one
+/// operation per buffer (a send has one, a grouped receive up to [`MAX_RECVS`]).
 #[repr(C, align(64))]
 pub struct Request {
-    /// First field: the provider's context points here.
-    op: Op,
     magic: u64,
     comm: AtomicPtr<Comm>,
     generation: AtomicU32,
     /// NCCL holds it (posted and not yet reported done).
     held: AtomicBool,
-    /// Bytes posted (send size or receive buffer size).
-    posted: AtomicUsize,
+    /// Buffers in use.
+    n: AtomicUsize,
+    parts: Box<[Part]>,
     posted_at_ms: AtomicU64,
     stall_reported: AtomicBool,
+}
+
+/// One buffer's operation.
+struct Part {
+    op: Op,
+    /// Bytes posted (send size or receive buffer size).
+    posted: AtomicUsize,
+    /// A profiler's event handle for it (see `exports`), NULL if none.
+    event: AtomicPtr<c_void>,
+}
+
+/// What `test` reports of a finished request: bytes per buffer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Sizes {
+    pub n: usize,
+    pub bytes: [usize; MAX_RECVS],
 }
 
 // SAFETY: the comm pointer is the comm that owns the slot, alive while NCCL holds a request;
@@ -97,21 +131,35 @@ unsafe impl Send for Comm {}
 unsafe impl Sync for Comm {}
 
 impl Comm {
+    /// `max_recvs`: buffers a receive may group (a send comm then has that many times
+    /// [`REQUESTS_PER_COMM`] requests, each of one buffer).
     pub fn new(
         dir: Direction,
         lane: Arc<Lane>,
         id: u64,
         peer: PeerInfo,
         stall_warn: Option<Duration>,
+        max_recvs: usize,
     ) -> Arc<Self> {
-        let requests = (0..REQUESTS_PER_COMM)
+        let max_recvs = max_recvs.clamp(1, MAX_RECVS);
+        let (count, parts) = match dir {
+            Direction::Send => (REQUESTS_PER_COMM * max_recvs, 1),
+            Direction::Recv => (REQUESTS_PER_COMM, max_recvs),
+        };
+        let requests = (0..count)
             .map(|_| Request {
-                op: Op::default(),
                 magic: REQUEST_MAGIC,
                 comm: AtomicPtr::new(std::ptr::null_mut()),
                 generation: AtomicU32::new(0),
                 held: AtomicBool::new(false),
-                posted: AtomicUsize::new(0),
+                n: AtomicUsize::new(0),
+                parts: (0..parts)
+                    .map(|_| Part {
+                        op: Op::default(),
+                        posted: AtomicUsize::new(0),
+                        event: AtomicPtr::new(std::ptr::null_mut()),
+                    })
+                    .collect(),
                 posted_at_ms: AtomicU64::new(0),
                 stall_reported: AtomicBool::new(false),
             })
@@ -123,7 +171,7 @@ impl Comm {
             id,
             peer,
             me: Identity::current(),
-            next_seq: Mutex::new(0),
+            next_seq: Mutex::new(HashMap::new()),
             requests,
             stall_warn,
             closed: AtomicBool::new(false),
@@ -156,7 +204,7 @@ impl Comm {
 
     fn claim(&self) -> Option<&Request> {
         self.requests.iter().find(|r| {
-            if r.op.status() != Status::Idle {
+            if r.parts.iter().any(|p| p.op.status() != Status::Idle) {
                 return false;
             }
             r.held
@@ -165,23 +213,26 @@ impl Comm {
         })
     }
 
-    /// Posts one send or receive. `Ok(None)`: all request slots are taken; NCCL retries.
-    /// `desc` is the memory registration's descriptor (or NULL); `host`: the buffer is host
-    /// memory (a receive into GPU memory gets no overflow area: providers may take every
-    /// piece of a receive to be of the first piece's kind).
+    /// Posts a send (one buffer) or a receive (one buffer, or several grouped: each takes
+    /// the send with its NCCL tag). `Ok(None)`: all request slots are taken, or the provider
+    /// refused for now; NCCL calls again. Once the first buffer is taken the others are
+    /// handed to the driver, which posts them on its next turn.
     ///
     /// # Safety
-    /// `buf` must be valid for `len` bytes (readable for a send, writable for a receive)
-    /// until `test` reports the request done, and `desc` NULL or a descriptor of this domain.
-    pub unsafe fn post(
-        self: &Arc<Self>,
-        buf: *mut c_void,
-        len: usize,
-        desc: *mut c_void,
-        host: bool,
-    ) -> Result<Option<*mut c_void>> {
+    /// Each buffer must be valid for its length (readable for a send, writable for a
+    /// receive) until `test` reports the request done, and its `desc` NULL or a descriptor
+    /// of this comm's domain.
+    pub unsafe fn post(self: &Arc<Self>, bufs: &[Buffer]) -> Result<Option<*mut c_void>> {
         if self.closed.load(Ordering::Acquire) {
             return Err(Error::InvalidArgument("the comm is closed".into()));
+        }
+        let most = self.requests[0].parts.len();
+        if bufs.is_empty() || bufs.len() > most {
+            return Err(Error::InvalidArgument(format!(
+                "a {} of {} buffers; this comm takes 1 to {most} (maxRecvs)",
+                self.what(),
+                bufs.len()
+            )));
         }
         if let Some(why) = self.peer.liveness.dead() {
             return Err(self.peer_lost(why));
@@ -194,49 +245,76 @@ impl Comm {
             .generation
             .fetch_add(1, Ordering::AcqRel)
             .wrapping_add(1);
-        let mut seq = self.next_seq.lock();
-        let tag = self.lane.tags.data(self.id, *seq);
-        req.posted.store(len, Ordering::Relaxed);
+        let mut seqs = self.next_seq.lock();
+        // Each buffer's tag, with the sequence numbers it would use.
+        let mut taken: Vec<(u64, u64)> = Vec::with_capacity(bufs.len());
+        let posts: Vec<Post> = bufs
+            .iter()
+            .zip(req.parts.iter())
+            .map(|(b, part)| {
+                let key = self.lane.tags.nccl_tag(b.tag);
+                let seq = match taken.iter_mut().find(|(k, _)| *k == key) {
+                    Some((_, s)) => {
+                        *s += 1;
+                        *s
+                    }
+                    None => {
+                        let s = seqs.get(&key).copied().unwrap_or(0);
+                        taken.push((key, s));
+                        s
+                    }
+                };
+                let tag = self.lane.tags.data(self.id, key, seq);
+                part.posted.store(b.len, Ordering::Relaxed);
+                part.op.mark_queued();
+                let transfer = match self.dir {
+                    Direction::Send => Transfer::Send {
+                        buf: b.data,
+                        len: b.len,
+                        desc: b.desc,
+                        dest: self.peer.addr,
+                        tag,
+                    },
+                    Direction::Recv => Transfer::Recv {
+                        buf: b.data,
+                        len: b.len,
+                        desc: b.desc,
+                        src: self.lane.source(self.peer.addr),
+                        tag,
+                        ignore: 0,
+                        overflow: b.host,
+                    },
+                };
+                Post {
+                    op: &part.op,
+                    owner: self.clone() as Owner,
+                    transfer,
+                }
+            })
+            .collect();
+        req.n.store(bufs.len(), Ordering::Relaxed);
         req.posted_at_ms.store(now_ms(), Ordering::Relaxed);
         req.stall_reported.store(false, Ordering::Relaxed);
-        req.op.mark_queued();
-        let transfer = match self.dir {
-            Direction::Send => Transfer::Send {
-                buf,
-                len,
-                desc,
-                dest: self.peer.addr,
-                tag,
-            },
-            Direction::Recv => Transfer::Recv {
-                buf,
-                len,
-                desc,
-                src: self.lane.source(self.peer.addr),
-                tag,
-                ignore: 0,
-                overflow: host,
-            },
-        };
-        let owner: Owner = self.clone();
-        let post = Post {
-            op: &req.op,
-            owner,
-            transfer,
-        };
-        match self.lane.submit(post) {
+        let mut posts = posts.into_iter();
+        let first = posts.next().expect("at least one buffer");
+        match self.lane.submit(first) {
             Ok(None) => {
-                *seq = seq.wrapping_add(1);
+                for (key, last) in taken {
+                    seqs.insert(key, last.wrapping_add(1));
+                }
+                for p in posts {
+                    self.lane.enqueue(p)?;
+                }
                 self.refused_since.store(0, Ordering::Relaxed);
                 Ok(Some(request::pack(req, generation)))
             }
             Ok(Some(_not_now)) => {
-                // The provider said EAGAIN: NCCL calls again with the same buffer. What the
-                // provider waits for may be progress on another lane (shm connects to a peer
-                // of this process only once that peer's endpoint progresses), or a peer that
-                // died with its queues full.
-                req.release();
-                drop(seq);
+                // The provider said EAGAIN: NCCL calls again with the same buffers. What
+                // the provider waits for may be progress on another lane (shm connects to a
+                // peer of this process only once that peer's endpoint progresses), or a peer
+                // that died with its queues full.
+                req.withdraw();
+                drop(seqs);
                 self.lane.drive_neighbours();
                 let now = now_ms();
                 let since = match self.refused_since.load(Ordering::Relaxed) {
@@ -250,7 +328,7 @@ impl Comm {
                 Ok(None)
             }
             Err(e) => {
-                req.release();
+                req.withdraw();
                 Err(e)
             }
         }
@@ -276,8 +354,8 @@ impl Comm {
             let comm = self.clone();
             SinkSpec {
                 src: self.lane.source(self.peer.addr),
-                tag: self.lane.tags.data(self.id, 0),
-                ignore: self.lane.tags.seq_mask(),
+                tag: self.lane.tags.data(self.id, 0, 0),
+                ignore: self.lane.tags.below_id(),
                 alive: Box::new(move || healthy(&comm)),
             }
         });
@@ -297,7 +375,7 @@ impl Comm {
                      stopped, or the provider {} is not making progress (known for native \
                      tcp, ofiwg/libfabric#8963)",
                     self.what(),
-                    r.posted.load(Ordering::Relaxed),
+                    r.bytes_posted(),
                     self.peer_text(),
                     waited.as_millis(),
                     self.lane.endpoint.provider
@@ -353,10 +431,29 @@ impl Request {
         unsafe { &*self.comm.load(Ordering::Acquire) }
     }
 
-    /// `test`: `Ok(Some(bytes))` when done (the slot is then free again), `Ok(None)` if not.
-    pub fn test(&self) -> Result<Option<usize>> {
+    fn parts_in_use(&self) -> &[Part] {
+        let n = self.n.load(Ordering::Relaxed).clamp(1, self.parts.len());
+        &self.parts[..n]
+    }
+
+    fn bytes_posted(&self) -> usize {
+        self.parts_in_use()
+            .iter()
+            .map(|p| p.posted.load(Ordering::Relaxed))
+            .sum()
+    }
+
+    /// The profiler event slot of each buffer in use.
+    pub fn events(&self) -> impl Iterator<Item = &AtomicPtr<c_void>> {
+        self.parts_in_use().iter().map(|p| &p.event)
+    }
+
+    /// `test`: `Ok(Some(sizes))` when every buffer is done (the slot is then free again),
+    /// `Ok(None)` if not; the first failed buffer makes it an error.
+    pub fn test(&self) -> Result<Option<Sizes>> {
         let comm = self.comm();
-        if !self.op.status().finished() {
+        let finished = |r: &Request| r.parts_in_use().iter().all(|p| p.op.status().finished());
+        if !finished(self) {
             comm.lane.drive()?;
             if !comm.lane.threaded
                 && now_ms().saturating_sub(self.posted_at_ms.load(Ordering::Relaxed)) >= 1
@@ -364,56 +461,77 @@ impl Request {
                 comm.lane.drive_neighbours();
             }
         }
-        match self.op.status() {
-            Status::Idle | Status::Queued | Status::Posted => {
-                comm.watch(self)?;
-                Ok(None)
-            }
-            Status::Done(len) => {
-                let n = match comm.dir {
-                    Direction::Send => self.posted.load(Ordering::Relaxed),
-                    Direction::Recv => len,
-                };
-                self.release();
-                Ok(Some(n))
-            }
-            Status::Failed => {
-                let f = self.op.failure();
-                let posted = self.posted.load(Ordering::Relaxed);
-                self.release();
-                let truncated = f
-                    .as_ref()
-                    .is_some_and(|f| f.err.unsigned_abs() == sys::FI_ETRUNC);
-                if !truncated {
-                    comm.failed.store(true, Ordering::Release);
-                }
-                Err(match f {
-                    // Providers differ in the sign of `err` (shm reports -FI_ETRUNC).
-                    Some(f) if f.err.unsigned_abs() == sys::FI_ETRUNC => Error::Truncated {
-                        posted,
-                        sent: (f.olen > 0).then_some(posted + f.olen),
-                        peer: comm.peer_text(),
-                    },
-                    Some(f) => Error::Completion {
-                        op: comm.what(),
-                        len: posted,
-                        peer: comm.peer_text(),
-                        code: f.err,
-                        prov_errno: f.prov_errno,
-                        text: if f.text.is_empty() {
-                            crate::error::fi_strerror(f.err.abs())
-                        } else {
-                            f.text
-                        },
-                    },
-                    None => Error::Remote(format!("{} {} failed", comm.what(), comm.peer_text())),
-                })
-            }
+        let parts = self.parts_in_use();
+        if let Some(failed) = parts.iter().find(|p| p.op.status() == Status::Failed) {
+            return Err(self.failure(comm, failed));
+        }
+        if !finished(self) {
+            comm.watch(self)?;
+            return Ok(None);
+        }
+        let mut sizes = Sizes {
+            n: parts.len(),
+            bytes: [0; MAX_RECVS],
+        };
+        for (i, p) in parts.iter().enumerate() {
+            sizes.bytes[i] = match (comm.dir, p.op.status()) {
+                (Direction::Recv, Status::Done(len)) => len,
+                _ => p.posted.load(Ordering::Relaxed),
+            };
+        }
+        self.release();
+        Ok(Some(sizes))
+    }
+
+    /// The error of a failed buffer. The request is given back; buffers of it still in the
+    /// provider's hands keep the slot from being used again until they finish.
+    fn failure(&self, comm: &Comm, part: &Part) -> Error {
+        let f = part.op.failure();
+        let posted = part.posted.load(Ordering::Relaxed);
+        self.release();
+        let truncated = f
+            .as_ref()
+            .is_some_and(|f| f.err.unsigned_abs() == sys::FI_ETRUNC);
+        if !truncated {
+            comm.failed.store(true, Ordering::Release);
+        }
+        match f {
+            // Providers differ in the sign of `err` (shm reports -FI_ETRUNC).
+            Some(f) if f.err.unsigned_abs() == sys::FI_ETRUNC => Error::Truncated {
+                posted,
+                sent: (f.olen > 0).then_some(posted + f.olen),
+                peer: comm.peer_text(),
+            },
+            Some(f) => Error::Completion {
+                op: comm.what(),
+                len: posted,
+                peer: comm.peer_text(),
+                code: f.err,
+                prov_errno: f.prov_errno,
+                text: if f.text.is_empty() {
+                    crate::error::fi_strerror(f.err.abs())
+                } else {
+                    f.text
+                },
+            },
+            None => Error::Remote(format!("{} {} failed", comm.what(), comm.peer_text())),
         }
     }
 
+    /// Gives back a request none of whose buffers reached the provider.
+    fn withdraw(&self) {
+        for p in self.parts.iter() {
+            p.op.reset();
+        }
+        self.held.store(false, Ordering::Release);
+    }
+
     fn release(&self) {
-        self.op.reset();
+        for p in self.parts.iter() {
+            if matches!(p.op.status(), Status::Done(_) | Status::Failed) {
+                p.op.reset();
+            }
+        }
         self.held.store(false, Ordering::Release);
     }
 }

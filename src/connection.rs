@@ -110,6 +110,7 @@ fn comm_on(
             liveness,
         },
         (stall > 0).then(|| Duration::from_millis(stall)),
+        plugin.settings.max_recvs as usize,
     ))
 }
 

@@ -8,7 +8,6 @@ use crate::error::Result;
 use crate::fabric::Domain;
 use crate::handshake::Handle;
 use crate::lane::{Lane, LanePool};
-use crate::nccl;
 use crate::provider::Candidate;
 use parking_lot::Mutex;
 use std::collections::HashMap;
@@ -18,8 +17,7 @@ use std::time::{Duration, Instant};
 
 /// Largest message NCCL may hand a v11 `isend`/`irecv`: `test` reports sizes as `int`.
 pub const MAX_MESSAGE_BYTES: usize = i32::MAX as usize;
-/// Receives NCCL may group in one `irecv`.
-pub const MAX_RECVS: i32 = 1;
+/// Comms NCCL may open per device.
 pub const MAX_COMMS: i32 = 65_536;
 
 /// What `getProperties` reports for a device, version-free.
@@ -33,56 +31,8 @@ pub struct Properties {
     pub port: i32,
     pub latency_us: f32,
     pub max_comms: i32,
+    /// Buffers one receive may group (`NCCL_FABRIC_MAX_RECVS`).
     pub max_recvs: i32,
-}
-
-impl Properties {
-    /// The v11 layout: the v8 fields plus those v9-v11 added.
-    pub fn to_v11(&self, dev: i32) -> nccl::PropertiesV11 {
-        let v8 = self.to_v8();
-        nccl::PropertiesV11 {
-            name: v8.name,
-            pci_path: v8.pci_path,
-            guid: v8.guid,
-            ptr_support: v8.ptr_support,
-            reg_is_global: v8.reg_is_global,
-            force_flush: 0,
-            speed: v8.speed,
-            port: v8.port,
-            latency: v8.latency,
-            max_comms: v8.max_comms,
-            max_recvs: v8.max_recvs,
-            net_device_type: v8.net_device_type,
-            net_device_version: v8.net_device_version,
-            v_props: nccl::VDevicePropsV11 {
-                ndevs: 1,
-                devs: [dev, 0, 0, 0],
-            },
-            max_p2p_bytes: MAX_MESSAGE_BYTES,
-            max_coll_bytes: MAX_MESSAGE_BYTES,
-            max_multi_request_size: 1,
-        }
-    }
-
-    pub fn to_v8(&self) -> nccl::PropertiesV8 {
-        nccl::PropertiesV8 {
-            name: self.name.as_ptr().cast_mut(),
-            pci_path: self
-                .pci_path
-                .as_ref()
-                .map_or(std::ptr::null_mut(), |p| p.as_ptr().cast_mut()),
-            guid: self.guid,
-            ptr_support: self.ptr_support,
-            reg_is_global: 0,
-            speed: self.speed_mbps,
-            port: self.port,
-            latency: self.latency_us,
-            max_comms: self.max_comms,
-            max_recvs: self.max_recvs,
-            net_device_type: nccl::NET_DEVICE_HOST,
-            net_device_version: nccl::NET_DEVICE_INVALID_VERSION,
-        }
-    }
 }
 
 /// A connect in progress (its steps are in `connection`). Dropping it gives back what it

@@ -22,7 +22,7 @@ use crate::sys;
 use crate::tags::Tags;
 use parking_lot::Mutex;
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Weak};
 
 /// Which side of a comm pair a lane serves.
@@ -54,7 +54,8 @@ pub struct Lane {
     inbox: Arc<Inbox>,
     health: Arc<Health>,
     link: Mutex<Link>,
-    next_id: AtomicU64,
+    /// Ids of the comms on this lane (drawn at random, see `tags`).
+    ids: Mutex<std::collections::HashSet<u64>>,
     /// Peers already in the address vector: each address is inserted once.
     peers: Mutex<HashMap<Vec<u8>, sys::fi_addr_t>>,
     /// Comms and registrations using the lane (changed under the pool's lock).
@@ -149,9 +150,27 @@ impl Lane {
         &self.health
     }
 
-    /// A comm id unique on this lane.
+    /// A random comm id, unique on this lane until [`Lane::forget_id`].
     pub fn next_id(&self) -> u64 {
-        self.next_id.fetch_add(1, Ordering::Relaxed) & self.tags.id_mask()
+        let mut ids = self.ids.lock();
+        loop {
+            let id = crate::random::u64() & self.tags.id_mask();
+            if ids.insert(id) {
+                return id;
+            }
+        }
+    }
+
+    /// The comm with this id is gone (and so are its messages).
+    pub fn forget_id(&self, id: u64) {
+        self.ids.lock().remove(&id);
+    }
+
+    /// Hands an operation to the driver for its next turn, never refused here: for the
+    /// further buffers of a grouped receive, once the first was taken.
+    pub fn enqueue(&self, post: Post) -> Result<()> {
+        self.inbox.push(Command::Post(post));
+        self.health.check()
     }
 
     /// What a receive from `peer` names as its source: the peer itself where the provider
@@ -341,7 +360,7 @@ impl LanePool {
             inbox,
             health,
             link: Mutex::new(link),
-            next_id: AtomicU64::new(crate::random::u64()),
+            ids: Mutex::new(std::collections::HashSet::new()),
             peers: Mutex::new(HashMap::new()),
             users: AtomicUsize::new(1),
             pool: Arc::downgrade(self),

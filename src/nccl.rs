@@ -102,75 +102,140 @@ pub struct DeviceHandleV8 {
 }
 
 type R = c_int;
+type Ptr = *mut c_void;
+type Out = *mut *mut c_void;
 
-/// `ncclNet_v8_t` (152 bytes): the table NCCL 2.20+ looks up as `ncclNetPlugin_v8`.
-#[repr(C)]
-pub struct NetV8 {
-    pub name: *const c_char,
-    pub init: unsafe extern "C" fn(Logger) -> R,
-    pub devices: unsafe extern "C" fn(*mut c_int) -> R,
-    pub get_properties: unsafe extern "C" fn(c_int, *mut PropertiesV8) -> R,
-    pub listen: unsafe extern "C" fn(c_int, *mut c_void, *mut *mut c_void) -> R,
-    pub connect:
-        unsafe extern "C" fn(c_int, *mut c_void, *mut *mut c_void, *mut *mut DeviceHandleV8) -> R,
-    pub accept: unsafe extern "C" fn(*mut c_void, *mut *mut c_void, *mut *mut DeviceHandleV8) -> R,
-    pub reg_mr: unsafe extern "C" fn(*mut c_void, *mut c_void, usize, c_int, *mut *mut c_void) -> R,
-    pub reg_mr_dma_buf: Option<
-        unsafe extern "C" fn(
-            *mut c_void,
-            *mut c_void,
-            usize,
-            c_int,
-            u64,
-            c_int,
-            *mut *mut c_void,
-        ) -> R,
-    >,
-    pub dereg_mr: unsafe extern "C" fn(*mut c_void, *mut c_void) -> R,
-    pub isend: unsafe extern "C" fn(
-        *mut c_void,
-        *mut c_void,
-        c_int,
-        c_int,
-        *mut c_void,
-        *mut *mut c_void,
-    ) -> R,
-    pub irecv: unsafe extern "C" fn(
-        *mut c_void,
-        c_int,
-        *mut *mut c_void,
-        *mut c_int,
-        *mut c_int,
-        *mut *mut c_void,
-        *mut *mut c_void,
-    ) -> R,
-    pub iflush: unsafe extern "C" fn(
-        *mut c_void,
-        c_int,
-        *mut *mut c_void,
-        *mut c_int,
-        *mut *mut c_void,
-        *mut *mut c_void,
-    ) -> R,
-    pub test: unsafe extern "C" fn(*mut c_void, *mut c_int, *mut c_int) -> R,
-    pub close_send: unsafe extern "C" fn(*mut c_void) -> R,
-    pub close_recv: unsafe extern "C" fn(*mut c_void) -> R,
-    pub close_listen: unsafe extern "C" fn(*mut c_void) -> R,
-    pub get_device_mr:
-        Option<unsafe extern "C" fn(*mut c_void, *mut c_void, *mut *mut c_void) -> R>,
-    pub irecv_consumed: Option<unsafe extern "C" fn(*mut c_void, c_int, *mut c_void) -> R>,
+// Entry points every version shares (`ncclNet_v6_t` … `ncclNet_v12_t`).
+pub type DevicesFn = unsafe extern "C" fn(*mut c_int) -> R;
+pub type RegMrDmaBufFn = unsafe extern "C" fn(Ptr, Ptr, usize, c_int, u64, c_int, Out) -> R;
+pub type DeregMrFn = unsafe extern "C" fn(Ptr, Ptr) -> R;
+pub type IflushFn = unsafe extern "C" fn(Ptr, c_int, Out, *mut c_int, Out, Out) -> R;
+pub type TestFn = unsafe extern "C" fn(Ptr, *mut c_int, *mut c_int) -> R;
+pub type CloseFn = unsafe extern "C" fn(Ptr) -> R;
+pub type GetDeviceMrFn = unsafe extern "C" fn(Ptr, Ptr, Out) -> R;
+pub type IrecvConsumedFn = unsafe extern "C" fn(Ptr, c_int, Ptr) -> R;
+// Up to v9: no context; v6 without device handles.
+pub type InitV6Fn = unsafe extern "C" fn(Logger) -> R;
+pub type ListenV6Fn = unsafe extern "C" fn(c_int, Ptr, Out) -> R;
+pub type ConnectV6Fn = unsafe extern "C" fn(c_int, Ptr, Out) -> R;
+pub type AcceptV6Fn = unsafe extern "C" fn(Ptr, Out) -> R;
+pub type ConnectV8Fn = unsafe extern "C" fn(c_int, Ptr, Out, *mut *mut DeviceHandleV8) -> R;
+pub type AcceptV8Fn = unsafe extern "C" fn(Ptr, Out, *mut *mut DeviceHandleV8) -> R;
+// Sizes: `int` until v8 (regMr until v7), `size_t` after.
+pub type RegMrIntFn = unsafe extern "C" fn(Ptr, Ptr, c_int, c_int, Out) -> R;
+pub type RegMrFn = unsafe extern "C" fn(Ptr, Ptr, usize, c_int, Out) -> R;
+pub type IsendIntFn = unsafe extern "C" fn(Ptr, Ptr, c_int, c_int, Ptr, Out) -> R;
+pub type IrecvIntFn = unsafe extern "C" fn(Ptr, c_int, Out, *mut c_int, *mut c_int, Out, Out) -> R;
+pub type IsendV9Fn = unsafe extern "C" fn(Ptr, Ptr, usize, c_int, Ptr, Out) -> R;
+pub type IrecvV9Fn = unsafe extern "C" fn(Ptr, c_int, Out, *mut usize, *mut c_int, Out, Out) -> R;
+// v10: a profiler callback at init, a comm config at connect, profiler handles per post.
+pub type InitV10Fn = unsafe extern "C" fn(Logger, ProfilerFn) -> R;
+pub type ConnectV10Fn = unsafe extern "C" fn(c_int, Ptr, Ptr, Out, *mut *mut DeviceHandleV8) -> R;
+pub type IsendV10Fn = unsafe extern "C" fn(Ptr, Ptr, usize, c_int, Ptr, Ptr, Out) -> R;
+pub type IrecvV10Fn =
+    unsafe extern "C" fn(Ptr, c_int, Out, *mut usize, *mut c_int, Out, Out, Out) -> R;
+// v11: a context per communicator.
+pub type InitV11Fn = unsafe extern "C" fn(Out, u64, Ptr, Logger, ProfilerFn) -> R;
+pub type ListenV11Fn = unsafe extern "C" fn(Ptr, c_int, Ptr, Out) -> R;
+pub type ConnectV11Fn = unsafe extern "C" fn(Ptr, c_int, Ptr, Out, *mut *mut DeviceHandleV8) -> R;
+pub type FinalizeFn = unsafe extern "C" fn(Ptr) -> R;
+pub type SetNetAttrFn = unsafe extern "C" fn(Ptr, Ptr) -> R;
+
+/// `ncclProfilerCallback_t`: `(void** eHandle, int type, void* phandle, int64_t pluginId,
+/// void* extData)`; NULL when NCCL runs no profiler.
+pub type ProfilerFn = Option<unsafe extern "C" fn(Out, c_int, Ptr, i64, Ptr) -> R>;
+
+/// Profiler event kinds (`ncclProfilerNetEventStart` …).
+pub mod profiler {
+    pub const START: i32 = 0;
+    pub const STOP: i32 = 1;
+    /// This plugin's id in NCCL's net-profiler scheme (type bits above 16, version below):
+    /// its events carry a [`super::ProfilerDescrV1`].
+    pub const PLUGIN_ID: i64 = (0x46 << 16) | 1;
+    pub const SEND: u8 = 1;
+    pub const RECV: u8 = 2;
 }
 
-// SAFETY: the table is immutable and only holds function pointers and a pointer to a
-// 'static C string; sharing it between threads is what NCCL does.
-unsafe impl Sync for NetV8 {}
+/// What a profiler event of this plugin describes (`ncclProfilerNetFabricDescr_v1_t`).
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct ProfilerDescrV1 {
+    /// [`profiler::SEND`] or [`profiler::RECV`].
+    pub kind: u8,
+    /// Which buffer of a grouped receive (0 for a send).
+    pub part: i32,
+    pub tag: i32,
+    pub length: usize,
+}
 
-/// `ncclNetVDeviceProps_v11_t`.
+/// `ncclNetProperties_v6_t` (48 bytes).
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct PropertiesV6 {
+    pub name: *mut c_char,
+    pub pci_path: *mut c_char,
+    pub guid: u64,
+    pub ptr_support: c_int,
+    pub speed: c_int,
+    pub port: c_int,
+    pub latency: f32,
+    pub max_comms: c_int,
+    pub max_recvs: c_int,
+}
+
+/// `ncclNetProperties_v7_t` (56 bytes).
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct PropertiesV7 {
+    pub name: *mut c_char,
+    pub pci_path: *mut c_char,
+    pub guid: u64,
+    pub ptr_support: c_int,
+    pub speed: c_int,
+    pub port: c_int,
+    pub latency: f32,
+    pub max_comms: c_int,
+    pub max_recvs: c_int,
+    pub net_device_type: c_int,
+    pub net_device_version: c_int,
+}
+
+/// `ncclNetVDeviceProps_v9_t` … `_v11_t`.
 #[repr(C)]
 #[derive(Debug, Clone, Copy)]
 pub struct VDevicePropsV11 {
     pub ndevs: c_int,
     pub devs: [c_int; 4],
+}
+
+/// `ncclNetVDeviceProps_v12_t`.
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct VDevicePropsV12 {
+    pub ndevs: c_int,
+    pub devs: [c_int; 8],
+}
+
+/// `ncclNetProperties_v9_t` and `_v10_t` (104 bytes).
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct PropertiesV9 {
+    pub name: *mut c_char,
+    pub pci_path: *mut c_char,
+    pub guid: u64,
+    pub ptr_support: c_int,
+    pub reg_is_global: c_int,
+    pub force_flush: c_int,
+    pub speed: c_int,
+    pub port: c_int,
+    pub latency: f32,
+    pub max_comms: c_int,
+    pub max_recvs: c_int,
+    pub net_device_type: c_int,
+    pub net_device_version: c_int,
+    pub v_props: VDevicePropsV11,
+    pub max_p2p_bytes: usize,
+    pub max_coll_bytes: usize,
 }
 
 /// `ncclNetProperties_v11_t` (112 bytes).
@@ -196,75 +261,218 @@ pub struct PropertiesV11 {
     pub max_multi_request_size: c_int,
 }
 
-/// `ncclNet_v11_t` (176 bytes): the table NCCL 2.28+ looks up first, as `ncclNetPlugin_v11`.
-/// Pointers NCCL passes only through (comm config, profiler callback, net attributes) are
-/// `*mut c_void`.
+/// `ncclNetProperties_v12_t` (128 bytes).
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct PropertiesV12 {
+    pub name: *mut c_char,
+    pub pci_path: *mut c_char,
+    pub guid: u64,
+    pub ptr_support: c_int,
+    pub reg_is_global: c_int,
+    pub force_flush: c_int,
+    pub speed: c_int,
+    pub port: c_int,
+    pub latency: f32,
+    pub max_comms: c_int,
+    pub max_recvs: c_int,
+    pub net_device_type: c_int,
+    pub net_device_version: c_int,
+    pub v_props: VDevicePropsV12,
+    pub max_p2p_bytes: usize,
+    pub max_coll_bytes: usize,
+    pub max_multi_request_size: c_int,
+    pub rail_id: i16,
+    pub plane_id: i16,
+}
+
+/// `ncclNet_v6_t` (136 bytes): NCCL 2.13–2.18.
+#[repr(C)]
+pub struct NetV6 {
+    pub name: *const c_char,
+    pub init: InitV6Fn,
+    pub devices: DevicesFn,
+    pub get_properties: unsafe extern "C" fn(c_int, *mut PropertiesV6) -> R,
+    pub listen: ListenV6Fn,
+    pub connect: ConnectV6Fn,
+    pub accept: AcceptV6Fn,
+    pub reg_mr: RegMrIntFn,
+    pub reg_mr_dma_buf: Option<RegMrDmaBufFn>,
+    pub dereg_mr: DeregMrFn,
+    pub isend: IsendIntFn,
+    pub irecv: IrecvIntFn,
+    pub iflush: IflushFn,
+    pub test: TestFn,
+    pub close_send: CloseFn,
+    pub close_recv: CloseFn,
+    pub close_listen: CloseFn,
+}
+
+/// `ncclNet_v7_t` (152 bytes): NCCL 2.19.
+#[repr(C)]
+pub struct NetV7 {
+    pub name: *const c_char,
+    pub init: InitV6Fn,
+    pub devices: DevicesFn,
+    pub get_properties: unsafe extern "C" fn(c_int, *mut PropertiesV7) -> R,
+    pub listen: ListenV6Fn,
+    pub connect: ConnectV8Fn,
+    pub accept: AcceptV8Fn,
+    pub reg_mr: RegMrIntFn,
+    pub reg_mr_dma_buf: Option<RegMrDmaBufFn>,
+    pub dereg_mr: DeregMrFn,
+    pub isend: IsendIntFn,
+    pub irecv: IrecvIntFn,
+    pub iflush: IflushFn,
+    pub test: TestFn,
+    pub close_send: CloseFn,
+    pub close_recv: CloseFn,
+    pub close_listen: CloseFn,
+    pub get_device_mr: Option<GetDeviceMrFn>,
+    pub irecv_consumed: Option<IrecvConsumedFn>,
+}
+
+/// `ncclNet_v8_t` (152 bytes): NCCL 2.20–2.23.
+#[repr(C)]
+pub struct NetV8 {
+    pub name: *const c_char,
+    pub init: InitV6Fn,
+    pub devices: DevicesFn,
+    pub get_properties: unsafe extern "C" fn(c_int, *mut PropertiesV8) -> R,
+    pub listen: ListenV6Fn,
+    pub connect: ConnectV8Fn,
+    pub accept: AcceptV8Fn,
+    pub reg_mr: RegMrFn,
+    pub reg_mr_dma_buf: Option<RegMrDmaBufFn>,
+    pub dereg_mr: DeregMrFn,
+    pub isend: IsendIntFn,
+    pub irecv: IrecvIntFn,
+    pub iflush: IflushFn,
+    pub test: TestFn,
+    pub close_send: CloseFn,
+    pub close_recv: CloseFn,
+    pub close_listen: CloseFn,
+    pub get_device_mr: Option<GetDeviceMrFn>,
+    pub irecv_consumed: Option<IrecvConsumedFn>,
+}
+
+/// `ncclNet_v9_t` (160 bytes): NCCL 2.24–2.25.
+#[repr(C)]
+pub struct NetV9 {
+    pub name: *const c_char,
+    pub init: InitV6Fn,
+    pub devices: DevicesFn,
+    pub get_properties: unsafe extern "C" fn(c_int, *mut PropertiesV9) -> R,
+    pub listen: ListenV6Fn,
+    pub connect: ConnectV8Fn,
+    pub accept: AcceptV8Fn,
+    pub reg_mr: RegMrFn,
+    pub reg_mr_dma_buf: Option<RegMrDmaBufFn>,
+    pub dereg_mr: DeregMrFn,
+    pub isend: IsendV9Fn,
+    pub irecv: IrecvV9Fn,
+    pub iflush: IflushFn,
+    pub test: TestFn,
+    pub close_send: CloseFn,
+    pub close_recv: CloseFn,
+    pub close_listen: CloseFn,
+    pub get_device_mr: Option<GetDeviceMrFn>,
+    pub irecv_consumed: Option<IrecvConsumedFn>,
+    pub make_v_device: Option<unsafe extern "C" fn(*mut c_int, *mut VDevicePropsV11) -> R>,
+}
+
+/// `ncclNet_v10_t` (160 bytes): NCCL 2.26–2.27.
+#[repr(C)]
+pub struct NetV10 {
+    pub name: *const c_char,
+    pub init: InitV10Fn,
+    pub devices: DevicesFn,
+    pub get_properties: unsafe extern "C" fn(c_int, *mut PropertiesV9) -> R,
+    pub listen: ListenV6Fn,
+    pub connect: ConnectV10Fn,
+    pub accept: AcceptV8Fn,
+    pub reg_mr: RegMrFn,
+    pub reg_mr_dma_buf: Option<RegMrDmaBufFn>,
+    pub dereg_mr: DeregMrFn,
+    pub isend: IsendV10Fn,
+    pub irecv: IrecvV10Fn,
+    pub iflush: IflushFn,
+    pub test: TestFn,
+    pub close_send: CloseFn,
+    pub close_recv: CloseFn,
+    pub close_listen: CloseFn,
+    pub get_device_mr: Option<GetDeviceMrFn>,
+    pub irecv_consumed: Option<IrecvConsumedFn>,
+    pub make_v_device: Option<unsafe extern "C" fn(*mut c_int, *mut VDevicePropsV11) -> R>,
+}
+
+/// `ncclNet_v11_t` (176 bytes): NCCL 2.28–2.29. Pointers NCCL passes only through (comm
+/// config, net attributes) are `*mut c_void`.
 #[repr(C)]
 pub struct NetV11 {
     pub name: *const c_char,
-    pub init: unsafe extern "C" fn(*mut *mut c_void, u64, *mut c_void, Logger, *mut c_void) -> R,
-    pub devices: unsafe extern "C" fn(*mut c_int) -> R,
+    pub init: InitV11Fn,
+    pub devices: DevicesFn,
     pub get_properties: unsafe extern "C" fn(c_int, *mut PropertiesV11) -> R,
-    pub listen: unsafe extern "C" fn(*mut c_void, c_int, *mut c_void, *mut *mut c_void) -> R,
-    pub connect: unsafe extern "C" fn(
-        *mut c_void,
-        c_int,
-        *mut c_void,
-        *mut *mut c_void,
-        *mut *mut DeviceHandleV8,
-    ) -> R,
-    pub accept: unsafe extern "C" fn(*mut c_void, *mut *mut c_void, *mut *mut DeviceHandleV8) -> R,
-    pub reg_mr: unsafe extern "C" fn(*mut c_void, *mut c_void, usize, c_int, *mut *mut c_void) -> R,
-    pub reg_mr_dma_buf: Option<
-        unsafe extern "C" fn(
-            *mut c_void,
-            *mut c_void,
-            usize,
-            c_int,
-            u64,
-            c_int,
-            *mut *mut c_void,
-        ) -> R,
-    >,
-    pub dereg_mr: unsafe extern "C" fn(*mut c_void, *mut c_void) -> R,
-    pub isend: unsafe extern "C" fn(
-        *mut c_void,
-        *mut c_void,
-        usize,
-        c_int,
-        *mut c_void,
-        *mut c_void,
-        *mut *mut c_void,
-    ) -> R,
-    pub irecv: unsafe extern "C" fn(
-        *mut c_void,
-        c_int,
-        *mut *mut c_void,
-        *mut usize,
-        *mut c_int,
-        *mut *mut c_void,
-        *mut *mut c_void,
-        *mut *mut c_void,
-    ) -> R,
-    pub iflush: unsafe extern "C" fn(
-        *mut c_void,
-        c_int,
-        *mut *mut c_void,
-        *mut c_int,
-        *mut *mut c_void,
-        *mut *mut c_void,
-    ) -> R,
-    pub test: unsafe extern "C" fn(*mut c_void, *mut c_int, *mut c_int) -> R,
-    pub close_send: unsafe extern "C" fn(*mut c_void) -> R,
-    pub close_recv: unsafe extern "C" fn(*mut c_void) -> R,
-    pub close_listen: unsafe extern "C" fn(*mut c_void) -> R,
-    pub get_device_mr:
-        Option<unsafe extern "C" fn(*mut c_void, *mut c_void, *mut *mut c_void) -> R>,
-    pub irecv_consumed: Option<unsafe extern "C" fn(*mut c_void, c_int, *mut c_void) -> R>,
+    pub listen: ListenV11Fn,
+    pub connect: ConnectV11Fn,
+    pub accept: AcceptV8Fn,
+    pub reg_mr: RegMrFn,
+    pub reg_mr_dma_buf: Option<RegMrDmaBufFn>,
+    pub dereg_mr: DeregMrFn,
+    pub isend: IsendV10Fn,
+    pub irecv: IrecvV10Fn,
+    pub iflush: IflushFn,
+    pub test: TestFn,
+    pub close_send: CloseFn,
+    pub close_recv: CloseFn,
+    pub close_listen: CloseFn,
+    pub get_device_mr: Option<GetDeviceMrFn>,
+    pub irecv_consumed: Option<IrecvConsumedFn>,
     pub make_v_device: Option<unsafe extern "C" fn(*mut c_int, *mut VDevicePropsV11) -> R>,
-    pub finalize: unsafe extern "C" fn(*mut c_void) -> R,
-    pub set_net_attr: Option<unsafe extern "C" fn(*mut c_void, *mut c_void) -> R>,
+    pub finalize: FinalizeFn,
+    pub set_net_attr: Option<SetNetAttrFn>,
 }
 
-// SAFETY: as for NetV8: immutable function pointers and a static name.
+/// `ncclNet_v12_t` (176 bytes): NCCL 2.30 and later.
+#[repr(C)]
+pub struct NetV12 {
+    pub name: *const c_char,
+    pub init: InitV11Fn,
+    pub devices: DevicesFn,
+    pub get_properties: unsafe extern "C" fn(c_int, *mut PropertiesV12) -> R,
+    pub listen: ListenV11Fn,
+    pub connect: ConnectV11Fn,
+    pub accept: AcceptV8Fn,
+    pub reg_mr: RegMrFn,
+    pub reg_mr_dma_buf: Option<RegMrDmaBufFn>,
+    pub dereg_mr: DeregMrFn,
+    pub isend: IsendV10Fn,
+    pub irecv: IrecvV10Fn,
+    pub iflush: IflushFn,
+    pub test: TestFn,
+    pub close_send: CloseFn,
+    pub close_recv: CloseFn,
+    pub close_listen: CloseFn,
+    pub get_device_mr: Option<GetDeviceMrFn>,
+    pub irecv_consumed: Option<IrecvConsumedFn>,
+    pub make_v_device: Option<unsafe extern "C" fn(*mut c_int, *mut VDevicePropsV12) -> R>,
+    pub finalize: FinalizeFn,
+    pub set_net_attr: Option<SetNetAttrFn>,
+}
+
+// SAFETY: the tables are immutable and only hold function pointers and a pointer to a
+// 'static C string; sharing them between threads is what NCCL does.
+unsafe impl Sync for NetV6 {}
+// SAFETY: as above.
+unsafe impl Sync for NetV7 {}
+// SAFETY: as above.
+unsafe impl Sync for NetV8 {}
+// SAFETY: as above.
+unsafe impl Sync for NetV9 {}
+// SAFETY: as above.
+unsafe impl Sync for NetV10 {}
+// SAFETY: as above.
 unsafe impl Sync for NetV11 {}
+// SAFETY: as above.
+unsafe impl Sync for NetV12 {}

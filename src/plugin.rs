@@ -4,7 +4,7 @@
 //! and never changed afterwards.
 
 use crate::control::Liveness;
-use crate::device::{Device, Properties, MAX_COMMS, MAX_RECVS};
+use crate::device::{Device, Properties, MAX_COMMS};
 use crate::discover::{discover, Discovery};
 use crate::error::{Error, Result};
 use crate::fabric::{runtime_version, version_string, Domain, Fabric, HEADER_VERSION};
@@ -149,7 +149,7 @@ fn open_devices(settings: Settings, discovery: &Discovery, decision: &Decision) 
             port: 0,
             latency_us: 0.0,
             max_comms: MAX_COMMS,
-            max_recvs: MAX_RECVS,
+            max_recvs: settings.max_recvs as i32,
         };
         // With GPU buffers allowed, every endpoint must answer as the probe did.
         let expected_answer = c

@@ -39,6 +39,7 @@ pub const LOG: &str = "NCCL_FABRIC_LOG";
 pub const PROGRESS_THREAD: &str = "NCCL_FABRIC_PROGRESS_THREAD";
 pub const LANES: &str = "NCCL_FABRIC_LANES";
 pub const PEER_TIMEOUT_MS: &str = "NCCL_FABRIC_PEER_TIMEOUT_MS";
+pub const MAX_RECVS: &str = "NCCL_FABRIC_MAX_RECVS";
 
 pub const TABLE: &[Setting] = &[
     Setting {
@@ -112,6 +113,13 @@ pub const TABLE: &[Setting] = &[
                   long (it exited, or its host is unreachable)",
     },
     Setting {
+        name: MAX_RECVS,
+        kind: Kind::Number { min: 1, max: 8 },
+        default: "8",
+        meaning: "buffers one receive may group (NCCL's `maxRecvs`): NCCL then gathers up to \
+                  this many sends of a shared point-to-point connection in one receive",
+    },
+    Setting {
         name: STALL_WARN_MS,
         kind: Kind::Number { min: 0, max: 86_400_000 },
         default: "60000",
@@ -179,6 +187,7 @@ pub struct Settings {
     pub connect_timeout_ms: u64,
     pub close_timeout_ms: u64,
     pub peer_timeout_ms: u64,
+    pub max_recvs: u64,
     pub stall_warn_ms: u64,
     pub speed_mbps: u64,
     pub allow_native_tcp: bool,
@@ -269,6 +278,7 @@ impl Settings {
             connect_timeout_ms: number(CONNECT_TIMEOUT_MS)?,
             close_timeout_ms: number(CLOSE_TIMEOUT_MS)?,
             peer_timeout_ms: number(PEER_TIMEOUT_MS)?,
+            max_recvs: number(MAX_RECVS)?,
             stall_warn_ms: number(STALL_WARN_MS)?,
             speed_mbps: number(SPEED_MBPS)?,
             allow_native_tcp: value(&lookup, ALLOW_TCP_RDM)? == "yes",

@@ -1,20 +1,28 @@
-//! The tag layout that keeps every comm's traffic apart on a shared data endpoint.
+//! The tag layout that keeps every comm's traffic apart on a shared data endpoint, and the
+//! buffers of a grouped receive apart within a comm.
 //!
 //! ```text
-//! bit  B-1 … 16        15 … 0
-//!      comm id          sequence
+//! bit  B-1 … 32      31 … 12          11 … 0
+//!      comm id       NCCL's tag       sequence
 //! ```
 //! `B` is the number of tag bits the provider offers (`mem_tag_format`, 64 when it does not
-//! say). The comm id is chosen by the receiving endpoint, so it is unique there; the sequence
-//! number counts a comm's posts, so the n-th send of a comm can only match the n-th receive:
-//! NCCL's posting order, whatever order the provider matches in. 16 sequence bits cover far
-//! more than the 32 requests a comm may have outstanding. Control messages travel on
-//! endpoints of their own (see `control`).
+//! say). The comm id is drawn at random by the receiving lane, unique there. NCCL's tag (the
+//! sending rank) chooses the buffer of a grouped receive; the sequence number counts a comm's
+//! posts *per NCCL tag*, so the n-th send with tag t matches the n-th receive buffer with tag
+//! t, whatever the order in which the provider delivers and whether the receive groups
+//! several buffers. 12 sequence bits cover far more than the 256 sends (32 requests × 8
+//! buffers) a comm may have outstanding per tag. A provider with fewer than 64 bits gives up
+//! bits of NCCL's tag first (tags that then fold onto each other still match in order), then
+//! of the comm id. Control messages travel on endpoints of their own (see `control`).
 
-const SEQ_BITS: u32 = 16;
+const SEQ_BITS: u32 = 12;
+const NCCL_TAG_BITS: u32 = 20;
+/// Fewest bits the comm id keeps.
+const MIN_ID_BITS: u32 = 8;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Tags {
+    tag_bits: u32,
     id_mask: u64,
 }
 
@@ -26,20 +34,35 @@ impl Tags {
         } else {
             64 - mem_tag_format.leading_zeros()
         };
-        let bits = bits.max(SEQ_BITS + 8);
+        let bits = bits.max(SEQ_BITS + MIN_ID_BITS);
+        let tag_bits = NCCL_TAG_BITS.min(bits - SEQ_BITS - MIN_ID_BITS);
+        let id_bits = bits - SEQ_BITS - tag_bits;
         Tags {
-            id_mask: (1u64 << (bits - SEQ_BITS)) - 1,
+            tag_bits,
+            id_mask: if id_bits >= 64 {
+                u64::MAX
+            } else {
+                (1u64 << id_bits) - 1
+            },
         }
     }
     pub fn id_mask(&self) -> u64 {
         self.id_mask
     }
-    /// The sequence bits of a data tag.
-    pub fn seq_mask(&self) -> u64 {
-        (1 << SEQ_BITS) - 1
+    /// The bits below the comm id: what a sink for all of a comm's messages ignores.
+    pub fn below_id(&self) -> u64 {
+        (1u64 << (SEQ_BITS + self.tag_bits)) - 1
     }
-    pub fn data(&self, id: u64, seq: u64) -> u64 {
-        ((id & self.id_mask) << SEQ_BITS) | (seq & ((1 << SEQ_BITS) - 1))
+    /// NCCL's tag as it goes into the tag bits (folded if it does not fit).
+    pub fn nccl_tag(&self, tag: i32) -> u64 {
+        u64::from(tag as u32) & ((1u64 << self.tag_bits) - 1)
+    }
+    /// The tag of the `seq`-th message with NCCL tag `nccl_tag` (as [`Tags::nccl_tag`]
+    /// gives it) of comm `id`.
+    pub fn data(&self, id: u64, nccl_tag: u64, seq: u64) -> u64 {
+        ((id & self.id_mask) << (SEQ_BITS + self.tag_bits))
+            | ((nccl_tag & ((1u64 << self.tag_bits) - 1)) << SEQ_BITS)
+            | (seq & ((1 << SEQ_BITS) - 1))
     }
 }
 
@@ -50,30 +73,35 @@ mod tests {
     #[test]
     fn full_width_layout() {
         let t = Tags::new(0xaaaa_aaaa_aaaa_aaaa);
-        assert_eq!(t.id_mask(), (1 << 48) - 1);
-        assert_eq!(t.data(3, 5), (3 << 16) | 5);
+        assert_eq!(t.id_mask(), (1 << 32) - 1);
+        assert_eq!(t.data(3, 7, 5), (3 << 32) | (7 << 12) | 5);
         assert_eq!(
-            t.data(3, 0x1_0005),
-            t.data(3, 5),
+            t.data(3, 7, 0x1005),
+            t.data(3, 7, 5),
             "sequence wraps within its field"
         );
+        assert_eq!(t.below_id(), (1 << 32) - 1);
+        assert_eq!(t.nccl_tag(-1), (1 << 20) - 1, "folded into 20 bits");
     }
 
     #[test]
     fn narrow_providers_keep_fields_inside_their_bits() {
         let t = Tags::new(0x0000_0000_ffff_ffff);
-        let tag = t.data(u64::MAX, u64::MAX);
+        let tag = t.data(u64::MAX, u64::MAX, u64::MAX);
         assert_eq!(tag >> 32, 0, "{tag:#x}");
+        assert_eq!(t.id_mask(), (1 << 8) - 1);
         assert_eq!(Tags::new(0), Tags::new(u64::MAX));
     }
 
     #[test]
-    fn comms_never_collide() {
+    fn comms_and_nccl_tags_never_collide() {
         let t = Tags::new(0);
         let mut seen = std::collections::HashSet::new();
-        for id in 1..50 {
-            for seq in 0..40 {
-                assert!(seen.insert(t.data(id, seq)));
+        for id in 1..20 {
+            for nccl in 0..8 {
+                for seq in 0..40 {
+                    assert!(seen.insert(t.data(id, t.nccl_tag(nccl), seq)));
+                }
             }
         }
     }

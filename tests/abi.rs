@@ -102,3 +102,41 @@ fn net_v11_table_layout() {
     assert_eq!(offset_of!(NetV11, finalize), 20 * 8);
     assert_eq!(offset_of!(NetV11, set_net_attr), 21 * 8);
 }
+
+/// Sizes and a few offsets of every other version's types (NCCL's headers, x86-64).
+#[test]
+fn every_version_layout() {
+    use nccl_net_fabric::nccl::*;
+    assert_eq!(size_of::<PropertiesV6>(), 48);
+    assert_eq!(offset_of!(PropertiesV6, speed), 28);
+    assert_eq!(offset_of!(PropertiesV6, max_recvs), 44);
+    assert_eq!(size_of::<NetV6>(), 17 * 8);
+    assert_eq!(offset_of!(NetV6, close_listen), 16 * 8);
+    assert_eq!(size_of::<PropertiesV7>(), 56);
+    assert_eq!(offset_of!(PropertiesV7, net_device_version), 52);
+    assert_eq!(size_of::<NetV7>(), 19 * 8);
+    assert_eq!(offset_of!(NetV7, irecv_consumed), 18 * 8);
+    assert_eq!(size_of::<PropertiesV9>(), 104);
+    assert_eq!(offset_of!(PropertiesV9, force_flush), 32);
+    assert_eq!(offset_of!(PropertiesV9, v_props), 64);
+    assert_eq!(offset_of!(PropertiesV9, max_p2p_bytes), 88);
+    assert_eq!(offset_of!(PropertiesV9, max_coll_bytes), 96);
+    assert_eq!(size_of::<NetV9>(), 20 * 8);
+    assert_eq!(offset_of!(NetV9, make_v_device), 19 * 8);
+    assert_eq!(size_of::<NetV10>(), 20 * 8);
+    assert_eq!(offset_of!(NetV10, isend), 10 * 8);
+    assert_eq!(size_of::<VDevicePropsV12>(), 36);
+    assert_eq!(size_of::<PropertiesV12>(), 128);
+    assert_eq!(offset_of!(PropertiesV12, v_props), 64);
+    assert_eq!(offset_of!(PropertiesV12, max_p2p_bytes), 104);
+    assert_eq!(offset_of!(PropertiesV12, max_coll_bytes), 112);
+    assert_eq!(offset_of!(PropertiesV12, max_multi_request_size), 120);
+    assert_eq!(offset_of!(PropertiesV12, rail_id), 124);
+    assert_eq!(offset_of!(PropertiesV12, plane_id), 126);
+    assert_eq!(size_of::<NetV12>(), 22 * 8);
+    assert_eq!(offset_of!(NetV12, set_net_attr), 21 * 8);
+    assert_eq!(size_of::<ProfilerDescrV1>(), 24);
+    assert_eq!(offset_of!(ProfilerDescrV1, part), 4);
+    assert_eq!(offset_of!(ProfilerDescrV1, tag), 8);
+    assert_eq!(offset_of!(ProfilerDescrV1, length), 16);
+}

@@ -545,7 +545,7 @@ fn shm_files() -> usize {
 #[test]
 #[ignore = "child process of another test"]
 fn child_prompt_closes() {
-    let lib = plugin();
+    let lib = plugin_version(11);
     let deadline = until(60.0);
     // Warm up, as a first communicator: the control endpoint opens with the first listen
     // and stays; its lanes go at its finalize.

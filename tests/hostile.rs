@@ -201,7 +201,7 @@ fn child_stranger() {
     let tags = Tags::new(s.mem_tag_format);
     let mut injected = 0;
     for seq in 0..INJECTED {
-        if s.send(data, tags.data(id, seq), &[0xee; 1024], t) == Outcome::Done(0) {
+        if s.send(data, tags.data(id, 0, seq), &[0xee; 1024], t) == Outcome::Done(0) {
             injected += 1;
         }
     }
@@ -236,7 +236,11 @@ fn child_stranger() {
         .unwrap_or(DATA_FLOOD);
     for i in 0..data_flood {
         let tag = nccl_net_fabric::random::u64();
-        let tag = if i % 2 == 0 { tags.data(id, tag) } else { tag };
+        let tag = if i % 2 == 0 {
+            tags.data(id, 0, tag)
+        } else {
+            tag
+        };
         if s.send(data, tag, &small, Duration::from_secs(2)) != Outcome::Done(0) {
             break;
         }

@@ -1,21 +1,34 @@
-//! The C ABI: the immutable `ncclNetPlugin_v8` table NCCL looks up, and its entry points.
+//! The C ABI: one table per NCCL net API version, `ncclNetPlugin_v6` … `ncclNetPlugin_v12`
+//! (NCCL looks up the newest it knows), over one version-free API written against the
+//! newest types (sizes `size_t`, a context per communicator, profiler handles).
 //!
-//! Each entry point checks its pointers, converts types and calls the version-free code in
-//! `plugin`, `connection`, `comm` and `mr`, all inside [`boundary`], which turns an error
-//! into its `ncclResult_t` plus one WARN line, and a panic into `ncclInternalError`: nothing
-//! unwinds into NCCL. The v8 table lives here; [`v11`] adapts the same bodies to v11.
+//! This module is that API: each function checks NCCL's pointers and calls `plugin`,
+//! `connection`, `comm` and `mr`. The version modules hold the tables, whose entries are
+//! adapters of a few lines (type widths, arguments a version lacks, its properties layout),
+//! each inside [`boundary`], which turns an error into its `ncclResult_t` plus one WARN
+//! line, and a panic into `ncclInternalError`: nothing unwinds into NCCL. Entry points every
+//! version shares unchanged are defined here once.
 
+mod props;
+pub mod v10;
 pub mod v11;
+pub mod v12;
+pub mod v6;
+pub mod v7;
+pub mod v8;
+pub mod v9;
 
-use crate::comm::{Comm, Direction, Request};
+use crate::comm::{Buffer, Comm, Direction, Request, MAX_RECVS};
 use crate::connection::{self, ListenComm};
+use crate::device::Properties;
 use crate::error::{Error, Result};
 use crate::mr::{cuda_device_of, Memory, MemoryRegion};
-use crate::nccl::{self, DeviceHandleV8, Logger, NcclResult, NetV8, PropertiesV8};
+use crate::nccl::{self, DeviceHandleV8, Logger, NcclResult, ProfilerFn};
 use crate::opaque;
 use crate::plugin;
 use std::ffi::{c_int, c_void};
 use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::sync::atomic::{AtomicPtr, AtomicUsize, Ordering};
 use std::sync::Arc;
 
 /// Runs an entry point's body: errors become their `ncclResult_t` and a WARN line, panics
@@ -53,13 +66,159 @@ pub(crate) unsafe fn out<'a, T>(p: *mut T, what: &str) -> Result<&'a mut T> {
     unsafe { p.as_mut() }.ok_or_else(|| Error::InvalidArgument(format!("{what} is NULL")))
 }
 
-pub(crate) fn init_body(logger: Logger) -> Result<()> {
+/// The name every table carries (what `NCCL_NET=Fabric` selects).
+pub(crate) const NAME: &std::ffi::CStr = c"Fabric";
+
+/// The profiler callback NCCL passed at init (v10+), or NULL.
+static PROFILER: AtomicPtr<c_void> = AtomicPtr::new(std::ptr::null_mut());
+
+/// `init` of every version: NCCL's logger, and its profiler callback (v10+; NULL: none).
+pub(crate) fn init(logger: Logger, profiler: ProfilerFn) -> Result<()> {
     crate::log::init_nccl(logger);
+    PROFILER.store(
+        profiler.map_or(std::ptr::null_mut(), |f| f as *mut c_void),
+        Ordering::Release,
+    );
     plugin::init().map(|_| ())
 }
 
-unsafe extern "C" fn init(logger: Logger) -> c_int {
-    boundary("init", || init_body(logger))
+fn profiler() -> ProfilerFn {
+    let p = PROFILER.load(Ordering::Acquire);
+    // SAFETY: PROFILER only ever holds NULL or a callback NCCL passed at init, of this type.
+    (!p.is_null()).then(|| unsafe {
+        std::mem::transmute::<
+            *mut c_void,
+            unsafe extern "C" fn(*mut *mut c_void, c_int, *mut c_void, i64, *mut c_void) -> c_int,
+        >(p)
+    })
+}
+
+/// Starts a profiler event per buffer of a request just posted, with the handles NCCL gave.
+///
+/// # Safety
+/// `request` is a request this plugin just returned; `phandles` NULL or one per buffer.
+unsafe fn profile_start(request: *mut c_void, phandles: &[*mut c_void], bufs: &[Buffer], kind: u8) {
+    let Some(f) = profiler() else { return };
+    // SAFETY: per the caller.
+    let Ok(req) = (unsafe { Request::from_handle(request) }) else {
+        return;
+    };
+    for (i, (event, b)) in req.events().zip(bufs).enumerate() {
+        let phandle = phandles.get(i).copied().unwrap_or(std::ptr::null_mut());
+        let mut descr = nccl::ProfilerDescrV1 {
+            kind,
+            part: i as i32,
+            tag: b.tag,
+            length: b.len,
+        };
+        let mut handle: *mut c_void = std::ptr::null_mut();
+        // SAFETY: NCCL's callback; descr lives through the call, handle is ours to keep.
+        unsafe {
+            f(
+                &mut handle,
+                nccl::profiler::START,
+                phandle,
+                nccl::profiler::PLUGIN_ID,
+                (&raw mut descr).cast(),
+            )
+        };
+        event.store(handle, Ordering::Release);
+    }
+}
+
+/// Stops the profiler events of a request that is done.
+fn profile_stop(req: &Request) {
+    let Some(f) = profiler() else { return };
+    for event in req.events() {
+        let mut handle = event.swap(std::ptr::null_mut(), Ordering::AcqRel);
+        if !handle.is_null() {
+            // SAFETY: NCCL's callback with the handle its start gave.
+            unsafe {
+                f(
+                    &mut handle,
+                    nccl::profiler::STOP,
+                    std::ptr::null_mut(),
+                    0,
+                    std::ptr::null_mut(),
+                )
+            };
+        }
+    }
+}
+
+/// What `init` hands NCCL as the communicator's context (v11+).
+struct Context {
+    comm_id: u64,
+}
+
+impl crate::opaque::Kind for Context {
+    const MAGIC: u64 = 0x4e46_4142_4354_5831; // "NFABCTX1"
+    const NAME: &'static str = "context";
+}
+
+/// Contexts NCCL holds: when the last one is finalized, what closed comms left behind is
+/// released.
+static CONTEXTS: AtomicUsize = AtomicUsize::new(0);
+
+/// `init` of v11+: per communicator, with a context.
+///
+/// # Safety
+/// `ctx` is NULL or NCCL's out-pointer for the context.
+pub(crate) unsafe fn init_context(
+    ctx: *mut *mut c_void,
+    comm_id: u64,
+    logger: Logger,
+    profiler: ProfilerFn,
+) -> Result<()> {
+    // SAFETY: per the caller.
+    let slot = unsafe { out(ctx, "ctx")? };
+    *slot = std::ptr::null_mut();
+    init(logger, profiler)?;
+    tracing::debug!("init for communicator {comm_id:#x}");
+    *slot = opaque::into_raw(Context { comm_id });
+    CONTEXTS.fetch_add(1, Ordering::AcqRel);
+    Ok(())
+}
+
+/// `finalize` (v11+).
+pub(crate) unsafe extern "C" fn finalize(ctx: *mut c_void) -> c_int {
+    boundary("finalize", || {
+        // A failed init left no context: nothing to release.
+        if ctx.is_null() {
+            return Ok(());
+        }
+        // SAFETY: NCCL passes back the context init gave it, once.
+        let c = unsafe { opaque::take::<Context>(ctx)? };
+        tracing::debug!("finalize for communicator {:#x}", c.comm_id);
+        // Devices and endpoints stay for other and later communicators; what closed comms
+        // left behind goes with the last context.
+        if CONTEXTS.fetch_sub(1, Ordering::AcqRel) == 1 {
+            plugin::release_leftovers();
+        }
+        Ok(())
+    })
+}
+
+/// `setNetAttr` (v11+): traffic hints (peers, flows per peer) do not change how this plugin
+/// posts.
+pub(crate) unsafe extern "C" fn set_net_attr(_ctx: *mut c_void, _attr: *mut c_void) -> c_int {
+    boundary("setNetAttr", || Ok(()))
+}
+
+/// `getProperties` of every version, in the layout `convert` makes.
+///
+/// # Safety
+/// `props` is NULL or NCCL's pointer to a properties struct of type `T`.
+pub(crate) unsafe fn properties<T>(
+    dev: c_int,
+    props: *mut T,
+    convert: fn(&Properties, c_int) -> T,
+) -> Result<()> {
+    let plugin = plugin::get()?;
+    let device = plugin.device(dev)?;
+    // SAFETY: per the caller.
+    *unsafe { out(props, "props") }? = convert(&device.props, dev);
+    Ok(())
 }
 
 pub(crate) unsafe extern "C" fn devices(ndev: *mut c_int) -> c_int {
@@ -67,16 +226,6 @@ pub(crate) unsafe extern "C" fn devices(ndev: *mut c_int) -> c_int {
         let n = plugin::get()?.devices.len();
         // SAFETY: NCCL passes a pointer to an int.
         *unsafe { out(ndev, "ndev") }? = c_int::try_from(n).unwrap_or(c_int::MAX);
-        Ok(())
-    })
-}
-
-unsafe extern "C" fn get_properties(dev: c_int, props: *mut PropertiesV8) -> c_int {
-    boundary("getProperties", || {
-        let plugin = plugin::get()?;
-        let device = plugin.device(dev)?;
-        // SAFETY: NCCL passes a pointer to a properties struct of the v8 layout.
-        *unsafe { out(props, "props") }? = device.props.to_v8();
         Ok(())
     })
 }
@@ -90,6 +239,7 @@ pub(crate) unsafe fn handle_bytes<'a>(
     unsafe { out(handle.cast::<[u8; nccl::NET_HANDLE_MAXSIZE]>(), "handle") }
 }
 
+/// `listen` of every version (v11+ pass a context first, which it does not need).
 pub(crate) unsafe extern "C" fn listen(
     dev: c_int,
     handle: *mut c_void,
@@ -105,13 +255,19 @@ pub(crate) unsafe extern "C" fn listen(
     })
 }
 
+/// `connect` of every version (v6 has no device handle, v10 passes a comm config first,
+/// v11+ a context: a host plugin needs neither).
 pub(crate) unsafe extern "C" fn connect(
     dev: c_int,
     handle: *mut c_void,
     send_comm: *mut *mut c_void,
-    _send_dev_comm: *mut *mut DeviceHandleV8,
+    send_dev_comm: *mut *mut DeviceHandleV8,
 ) -> c_int {
     boundary("connect", || {
+        // SAFETY: NULL or NCCL's out-pointer; a host plugin has no device handle.
+        if let Some(d) = unsafe { send_dev_comm.as_mut() } {
+            *d = std::ptr::null_mut();
+        }
         // SAFETY: NCCL passes the peer's handle and an out-pointer.
         let (handle, slot) = unsafe { (handle_bytes(handle)?, out(send_comm, "sendComm")?) };
         *slot = std::ptr::null_mut();
@@ -122,12 +278,17 @@ pub(crate) unsafe extern "C" fn connect(
     })
 }
 
+/// `accept` of every version (v6 has no device handle).
 pub(crate) unsafe extern "C" fn accept(
     listen_comm: *mut c_void,
     recv_comm: *mut *mut c_void,
-    _recv_dev_comm: *mut *mut DeviceHandleV8,
+    recv_dev_comm: *mut *mut DeviceHandleV8,
 ) -> c_int {
     boundary("accept", || {
+        // SAFETY: NULL or NCCL's out-pointer; a host plugin has no device handle.
+        if let Some(d) = unsafe { recv_dev_comm.as_mut() } {
+            *d = std::ptr::null_mut();
+        }
         // SAFETY: NCCL passes the listenComm we returned and an out-pointer.
         let (l, slot) = unsafe {
             (
@@ -143,6 +304,7 @@ pub(crate) unsafe extern "C" fn accept(
     })
 }
 
+/// `regMr` of every version (sizes are `int` until v7).
 pub(crate) unsafe extern "C" fn reg_mr(
     comm: *mut c_void,
     data: *mut c_void,
@@ -240,122 +402,155 @@ pub(crate) fn byte_count(size: impl TryInto<usize> + Copy + std::fmt::Display) -
     }
 }
 
-/// isend/irecv of every version: checks the comm's direction and posts one buffer.
+/// The comm behind a pointer, if it goes the way `want` says.
 ///
 /// # Safety
-/// `send_or_recv_comm` and `mhandle` as NCCL passes them; `request` an out-pointer; `data`
-/// valid for `len` bytes until the request completes.
-pub(crate) unsafe fn post_one(
-    call: Direction,
-    comm: *mut c_void,
-    data: *mut c_void,
-    len: usize,
-    mhandle: *mut c_void,
+/// `comm` is NULL or a pointer NCCL got from us.
+unsafe fn comm_for<'a>(comm: *mut c_void, want: Direction) -> Result<&'a Arc<Comm>> {
+    // SAFETY: per the caller.
+    let c = unsafe { opaque::borrow::<Arc<Comm>>(comm)? };
+    if c.dir != want {
+        return Err(Error::InvalidArgument(format!(
+            "{want:?} called on a {:?} comm",
+            c.dir
+        )));
+    }
+    Ok(c)
+}
+
+/// Posts `bufs` on `comm`, writes the request (NULL: call again) and starts profiler events.
+///
+/// # Safety
+/// Each buffer valid until its request completes; `request` NCCL's out-pointer.
+unsafe fn post(
+    comm: &Arc<Comm>,
+    bufs: &[Buffer],
+    phandles: &[*mut c_void],
     request: *mut *mut c_void,
 ) -> Result<()> {
     // SAFETY: per the caller.
-    let (comm, slot) = unsafe { (opaque::borrow::<Arc<Comm>>(comm)?, out(request, "request")?) };
+    let slot = unsafe { out(request, "request")? };
     // NCCL may pre-set a receive request as a hint (v9+); we always write ours.
     *slot = std::ptr::null_mut();
     // SAFETY: per the caller.
-    unsafe { post(comm, call, data, len, mhandle, slot) }
-}
-
-/// # Safety
-/// As [`post_one`].
-unsafe fn post(
-    comm: &Arc<Comm>,
-    want: Direction,
-    data: *mut c_void,
-    len: usize,
-    mhandle: *mut c_void,
-    request: &mut *mut c_void,
-) -> Result<()> {
-    if comm.dir != want {
-        return Err(Error::InvalidArgument(format!(
-            "{:?} called on a {:?} comm",
-            want, comm.dir
-        )));
+    *slot = unsafe { comm.post(bufs)? }.unwrap_or(std::ptr::null_mut());
+    if !slot.is_null() {
+        let kind = match comm.dir {
+            Direction::Send => nccl::profiler::SEND,
+            Direction::Recv => nccl::profiler::RECV,
+        };
+        // SAFETY: the request was just returned by post.
+        unsafe { profile_start(*slot, phandles, bufs, kind) };
     }
-    // SAFETY: NCCL passes the mhandle regMr gave it, or NULL.
-    let (desc, host) = unsafe { desc_of(comm, mhandle)? };
-    // SAFETY: the caller keeps `data` valid for `len` bytes until the request is done.
-    *request = unsafe { comm.post(data, len, desc, host)? }.unwrap_or(std::ptr::null_mut());
     Ok(())
 }
 
-unsafe extern "C" fn isend(
+/// `isend` of every version, with `size_t` sizes and a profiler handle (NULL before v10).
+///
+/// # Safety
+/// As NCCL calls it: a sendComm of ours, a buffer valid until the request is done, the
+/// mhandle regMr gave for it (or NULL), an out-pointer.
+pub(crate) unsafe fn isend(
     send_comm: *mut c_void,
     data: *mut c_void,
-    size: c_int,
-    _tag: c_int,
+    size: usize,
+    tag: c_int,
     mhandle: *mut c_void,
+    phandle: *mut c_void,
     request: *mut *mut c_void,
-) -> c_int {
-    boundary("isend", || {
-        // SAFETY: NCCL passes a sendComm we returned, its buffer and an out-pointer.
-        unsafe {
-            post_one(
-                Direction::Send,
-                send_comm,
-                data,
-                byte_count(size)?,
-                mhandle,
-                request,
-            )
-        }
-    })
+) -> Result<()> {
+    // SAFETY: per the caller.
+    let comm = unsafe { comm_for(send_comm, Direction::Send)? };
+    // SAFETY: NCCL passes the mhandle regMr gave it, or NULL.
+    let (desc, host) = unsafe { desc_of(comm, mhandle)? };
+    let buf = Buffer {
+        data,
+        len: byte_count(size)?,
+        desc,
+        host,
+        tag,
+    };
+    // SAFETY: per the caller.
+    unsafe { post(comm, &[buf], &[phandle], request) }
 }
 
-unsafe extern "C" fn irecv(
+/// The sizes array of an `irecv`: `int` until v8, `size_t` after.
+#[derive(Clone, Copy)]
+pub(crate) enum Lengths {
+    Int(*mut c_int),
+    Size(*mut usize),
+}
+
+/// `irecv` of every version: `n` buffers (up to `maxRecvs`), each taking the send with its
+/// tag.
+///
+/// # Safety
+/// As NCCL calls it: a recvComm of ours and arrays of `n` entries (`mhandles` and
+/// `phandles` may be NULL), buffers valid until the request is done, an out-pointer.
+#[allow(clippy::too_many_arguments)]
+pub(crate) unsafe fn irecv(
     recv_comm: *mut c_void,
     n: c_int,
     data: *mut *mut c_void,
-    sizes: *mut c_int,
-    _tags: *mut c_int,
+    sizes: Lengths,
+    tags: *mut c_int,
     mhandles: *mut *mut c_void,
+    phandles: *mut *mut c_void,
     request: *mut *mut c_void,
-) -> c_int {
-    boundary("irecv", || {
-        // SAFETY: NCCL passes one-element arrays for n == 1 (checked first).
-        unsafe {
-            let (buf, size, mh) = one_buffer(n, data, sizes, mhandles)?;
-            post_one(
-                Direction::Recv,
-                recv_comm,
-                buf,
-                byte_count(size)?,
-                mh,
-                request,
-            )
-        }
-    })
-}
-
-/// The one buffer of a grouped receive (`maxRecvs` is 1).
-///
-/// # Safety
-/// For n == 1, `data` and `sizes` point to one element each; `mhandles` likewise or NULL.
-pub(crate) unsafe fn one_buffer<S: Copy>(
-    n: c_int,
-    data: *mut *mut c_void,
-    sizes: *mut S,
-    mhandles: *mut *mut c_void,
-) -> Result<(*mut c_void, S, *mut c_void)> {
-    if n != 1 {
-        return Err(Error::InvalidArgument(format!(
-            "irecv of {n} buffers; this plugin reports maxRecvs {}",
-            crate::device::MAX_RECVS
-        )));
+) -> Result<()> {
+    // SAFETY: per the caller.
+    let comm = unsafe { comm_for(recv_comm, Direction::Recv)? };
+    let n = usize::try_from(n)
+        .ok()
+        .filter(|n| (1..=MAX_RECVS).contains(n))
+        .ok_or_else(|| {
+            Error::InvalidArgument(format!("irecv of {n} buffers (1 to {MAX_RECVS})"))
+        })?;
+    let mut bufs = [Buffer {
+        data: std::ptr::null_mut(),
+        len: 0,
+        desc: std::ptr::null_mut(),
+        host: true,
+        tag: 0,
+    }; MAX_RECVS];
+    let mut ph = [std::ptr::null_mut(); MAX_RECVS];
+    let missing = match sizes {
+        Lengths::Int(p) => p.is_null(),
+        Lengths::Size(p) => p.is_null(),
+    };
+    if data.is_null() || missing {
+        return Err(Error::InvalidArgument(
+            "irecv without buffers or sizes".into(),
+        ));
+    }
+    // An optional array's i-th entry, or `none`.
+    // SAFETY (of the calls below): per the caller, each non-NULL array has n entries.
+    let nth = |a: *mut *mut c_void, i: usize| match a.is_null() {
+        true => std::ptr::null_mut(),
+        false => unsafe { *a.add(i) },
+    };
+    for (i, b) in bufs.iter_mut().enumerate().take(n) {
+        // SAFETY: per the caller, data, sizes (and tags, if not NULL) have n entries.
+        let (len, tag) = unsafe {
+            let len = match sizes {
+                Lengths::Int(p) => byte_count(*p.add(i))?,
+                Lengths::Size(p) => byte_count(*p.add(i))?,
+            };
+            (len, if tags.is_null() { 0 } else { *tags.add(i) })
+        };
+        // SAFETY: NCCL passes the mhandles regMr gave it, or NULL.
+        let (desc, host) = unsafe { desc_of(comm, nth(mhandles, i))? };
+        *b = Buffer {
+            data: nth(data, i),
+            len,
+            desc,
+            host,
+            tag,
+        };
+        ph[i] = nth(phandles, i);
     }
     // SAFETY: per the caller.
-    unsafe {
-        Ok((
-            *out(data, "data")?,
-            *out(sizes, "sizes")?,
-            mhandles.as_ref().copied().unwrap_or(std::ptr::null_mut()),
-        ))
-    }
+    unsafe { post(comm, &bufs[..n], &ph[..n], request) }
 }
 
 pub(crate) unsafe extern "C" fn iflush(
@@ -389,11 +584,18 @@ pub(crate) unsafe extern "C" fn test(
         // SAFETY: NCCL passes a request we returned and an out-pointer for `done`.
         let (req, done) = unsafe { (Request::from_handle(request)?, out(done, "done")?) };
         *done = 0;
-        if let Some(n) = req.test()? {
+        let result = req.test();
+        if !matches!(result, Ok(None)) {
+            profile_stop(req);
+        }
+        if let Some(s) = result? {
             *done = 1;
-            // SAFETY: NCCL passes a size slot (one per grouped buffer: we have one) or NULL.
-            if let Some(s) = unsafe { sizes.as_mut() } {
-                *s = c_int::try_from(n).unwrap_or(c_int::MAX);
+            // NCCL passes one size slot per buffer of the request, or NULL.
+            if !sizes.is_null() {
+                for (i, &n) in s.bytes[..s.n].iter().enumerate() {
+                    // SAFETY: NCCL's array has an entry per buffer it posted.
+                    unsafe { *sizes.add(i) = c_int::try_from(n).unwrap_or(c_int::MAX) };
+                }
             }
         }
         Ok(())
@@ -456,31 +658,6 @@ pub(crate) unsafe extern "C" fn irecv_consumed(
     // Receives are finished when test() says so; nothing more to release.
     NcclResult::Success as c_int
 }
-
-/// The table NCCL 2.20+ loads (`NCCL_NET_PLUGIN` or `LD_PRELOAD`).
-#[no_mangle]
-#[used]
-pub static ncclNetPlugin_v8: NetV8 = NetV8 {
-    name: c"Fabric".as_ptr(),
-    init,
-    devices,
-    get_properties,
-    listen,
-    connect,
-    accept,
-    reg_mr,
-    reg_mr_dma_buf: Some(reg_mr_dma_buf),
-    dereg_mr,
-    isend,
-    irecv,
-    iflush,
-    test,
-    close_send,
-    close_recv,
-    close_listen,
-    get_device_mr: Some(get_device_mr),
-    irecv_consumed: Some(irecv_consumed),
-};
 
 #[cfg(test)]
 mod tests {

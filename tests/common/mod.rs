@@ -30,8 +30,14 @@ pub fn env_with(pairs: &[(&str, &str)]) -> Vec<(String, String)> {
         .collect()
 }
 
+/// The plugin, called through its v8 table.
 pub fn plugin() -> PluginLib {
     PluginLib::open(&PluginLib::default_path()).expect("load the plugin .so")
+}
+
+/// The plugin, called through its table of `version`.
+pub fn plugin_version(version: u32) -> PluginLib {
+    PluginLib::open_version(&PluginLib::default_path(), version).expect("load the plugin .so")
 }
 
 /// The running libfabric's (major, minor).

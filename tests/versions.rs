@@ -1,0 +1,370 @@
+//! Every table version NCCL may look up, v6 to v12, through the exported table in child
+//! processes (one per version and provider): init, properties, a transfer, close. Then the
+//! features of particular versions: grouped receives (every version has `maxRecvs`),
+//! profiler events (v10+), and unloading and reloading the library as NCCL 2.28+ does.
+
+mod common;
+
+use common::scenario::*;
+use common::*;
+use nccl_net_fabric::host::{PluginLib, Ptr, RecvBuffer, VERSIONS};
+use nccl_net_fabric::nccl::{profiler, ProfilerDescrV1};
+use std::ffi::c_void;
+use std::sync::Mutex;
+use std::time::Instant;
+
+const CHILD: f64 = 120.0;
+
+fn version() -> u32 {
+    std::env::var("NFAB_TABLE").unwrap().parse().unwrap()
+}
+
+/// Moves `count` messages of `len` bytes from `send` to `recv` (checked).
+fn transfer(lib: &PluginLib, send: Ptr, recv: Ptr, len: usize, count: usize, until: Instant) {
+    std::thread::scope(|s| {
+        s.spawn(|| recv_n(lib, recv, len, count, until));
+        send_n(lib, send, len, count, until);
+    });
+}
+
+// ---------------------------------------------------------------------------------------
+// Each table.
+
+#[test]
+#[ignore = "child process of another test"]
+fn child_table() {
+    let v = version();
+    let lib = plugin_version(v);
+    assert_eq!(lib.name(), "Fabric");
+    lib.init(true).expect("init");
+    assert!(lib.devices().expect("devices") >= 1);
+    let p = lib.properties(0).expect("getProperties");
+    assert_eq!(p.max_recvs, 8, "maxRecvs");
+    assert!(p.speed > 0 && !p.name.is_empty());
+    match (v, &p.newer) {
+        (6..=8, None) => {}
+        (9.., Some(n)) => {
+            assert!(n.max_p2p_bytes > 0, "maxP2pBytes must be > 0");
+            if v == 12 {
+                assert_eq!((n.rail_id, n.plane_id), (-1, -1), "railId/planeId unknown");
+            }
+        }
+        _ => panic!("v{v}: properties {p:?}"),
+    }
+    let until = until(60.0);
+    let (send, recv) = lib.connect_pair(0, until).expect("connect_pair");
+    transfer(&lib, send, recv, 65536, 8, until);
+    lib.close_send(send).expect("closeSend");
+    lib.close_recv(recv).expect("closeRecv");
+    lib.finalize().expect("finalize");
+    println!("RESULT ok=1");
+}
+
+#[test]
+fn every_table_version_carries_data() {
+    for (p, env) in envs(&[]) {
+        for v in VERSIONS {
+            let mut env = env.clone();
+            env.push(("NFAB_TABLE".into(), v.to_string()));
+            let f = run_child("child_table", &env, scaled(CHILD));
+            ok(&f, &format!("table v{v} over {p}"));
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// Grouped receives.
+
+/// Sizes of the 8 buffers of a grouped receive and of the sends they take.
+const SIZES: [usize; 8] = [1, 4096, 65536, 100, 0, 300_000, 7, 16384];
+
+#[test]
+#[ignore = "child process of another test"]
+fn child_grouped() {
+    let v = version();
+    let lib = plugin_version(v);
+    lib.init(true).expect("init");
+    let until = until(60.0);
+    let (send, recv) = lib.connect_pair(0, until).expect("connect_pair");
+    let tags: Vec<i32> = (0..8).map(|i| 1000 + 17 * i).collect();
+    for round in 0..4usize {
+        // Receive buffers larger than their sends, except in the last round's buffer 3.
+        let truncate = round == 3;
+        let mut dst: Vec<Vec<u8>> = SIZES
+            .iter()
+            .enumerate()
+            .map(|(i, &n)| vec![0u8; if truncate && i == 3 { n / 2 } else { n + 64 }])
+            .collect();
+        let bufs: Vec<RecvBuffer> = dst
+            .iter_mut()
+            .zip(&tags)
+            .map(|(d, &tag)| RecvBuffer {
+                data: d.as_mut_ptr().cast(),
+                size: d.len(),
+                tag,
+                mhandle: Ptr(std::ptr::null_mut()),
+                phandle: Ptr(std::ptr::null_mut()),
+            })
+            .collect();
+        // SAFETY: dst outlives the request, waited for below.
+        let r = until_some(until, || unsafe { lib.irecv_group(recv, &bufs) }).expect("irecv");
+        // Sends in another order each round.
+        let mut order: Vec<usize> = (0..8).collect();
+        order.rotate_left((round * 3) % 8);
+        if round % 2 == 1 {
+            order.reverse();
+        }
+        let mut src: Vec<Vec<u8>> = SIZES
+            .iter()
+            .enumerate()
+            .map(|(i, &n)| pattern(round * 8 + i, n))
+            .collect();
+        let sends: Vec<Ptr> = order
+            .iter()
+            .map(|&i| {
+                let b = &mut src[i];
+                // SAFETY: src outlives the requests, waited for below.
+                until_some(until, || unsafe {
+                    lib.isend_tagged(
+                        send,
+                        b.as_mut_ptr().cast(),
+                        b.len(),
+                        tags[i],
+                        Ptr(std::ptr::null_mut()),
+                        Ptr(std::ptr::null_mut()),
+                    )
+                })
+                .expect("isend")
+            })
+            .collect();
+        let got = until_some(until, || lib.test_group(r, 8));
+        if truncate {
+            let e = got.expect_err("a buffer smaller than its send");
+            println!("RESULT truncated={}", e.code);
+            break;
+        }
+        let sizes = got.expect("grouped receive");
+        for (i, d) in dst.iter().enumerate() {
+            assert_eq!(
+                sizes[i] as usize, SIZES[i],
+                "round {round}, buffer {i}: size"
+            );
+            assert!(
+                d[..SIZES[i]] == pattern(round * 8 + i, SIZES[i])[..],
+                "round {round}, buffer {i} took another send"
+            );
+        }
+        for s in sends {
+            until_some(until, || lib.test(s)).expect("send");
+        }
+    }
+    println!("RESULT ok=1");
+}
+
+/// Calls `f` until it gives a value (a `CallResult<Option<T>>`), or panics at `until`.
+fn until_some<T, E: std::fmt::Debug>(
+    until: Instant,
+    mut f: impl FnMut() -> Result<Option<T>, E>,
+) -> Result<T, E> {
+    loop {
+        match f() {
+            Ok(Some(v)) => return Ok(v),
+            Ok(None) => assert!(Instant::now() < until, "deadline passed"),
+            Err(e) => return Err(e),
+        }
+    }
+}
+
+#[test]
+#[ignore = "child process of another test"]
+fn child_many_sends() {
+    let lib = plugin_version(version());
+    lib.init(true).expect("init");
+    let until = until(60.0);
+    let (send, recv) = lib.connect_pair(0, until).expect("connect_pair");
+    // 32 requests × 8 buffers of sends in flight before any receive.
+    let n = 32 * 8;
+    let mut src: Vec<Vec<u8>> = (0..n).map(|i| pattern(i, 512)).collect();
+    let sends: Vec<Ptr> = src
+        .iter_mut()
+        .enumerate()
+        .map(|(i, b)| {
+            // SAFETY: src outlives the requests.
+            until_some(until, || unsafe {
+                lib.isend_tagged(
+                    send,
+                    b.as_mut_ptr().cast(),
+                    512,
+                    (i % 8) as i32,
+                    Ptr(std::ptr::null_mut()),
+                    Ptr(std::ptr::null_mut()),
+                )
+            })
+            .expect("isend")
+        })
+        .collect();
+    for g in 0..32 {
+        let mut dst: Vec<Vec<u8>> = (0..8).map(|_| vec![0u8; 512]).collect();
+        let bufs: Vec<RecvBuffer> = dst
+            .iter_mut()
+            .enumerate()
+            .map(|(i, d)| RecvBuffer {
+                data: d.as_mut_ptr().cast(),
+                size: 512,
+                tag: (7 - i) as i32,
+                mhandle: Ptr(std::ptr::null_mut()),
+                phandle: Ptr(std::ptr::null_mut()),
+            })
+            .collect();
+        // SAFETY: dst outlives the request, waited for right away.
+        let r = until_some(until, || unsafe { lib.irecv_group(recv, &bufs) }).expect("irecv");
+        until_some(until, || lib.test_group(r, 8)).expect("grouped receive");
+        for (i, d) in dst.iter().enumerate() {
+            let tag = 7 - i;
+            assert!(*d == pattern(g * 8 + tag, 512), "group {g}, tag {tag}");
+        }
+    }
+    for s in sends {
+        until_some(until, || lib.test(s)).expect("send");
+    }
+    println!("RESULT ok=1");
+}
+
+#[test]
+fn grouped_receives_take_the_send_with_their_tag() {
+    for (p, env) in envs(&[]) {
+        for v in [8, 12] {
+            let mut env = env.clone();
+            env.push(("NFAB_TABLE".into(), v.to_string()));
+            let f = run_child("child_grouped", &env, scaled(CHILD));
+            ok(&f, &format!("grouped receives, v{v} over {p}"));
+            assert!(
+                f.result("truncated").is_some_and(|c| c != "0"),
+                "{p}: the truncated buffer is an error"
+            );
+            let f = run_child("child_many_sends", &env, scaled(CHILD));
+            ok(&f, &format!("256 sends in flight, v{v} over {p}"));
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// Profiler events.
+
+/// (type, phandle, plugin id, descriptor, the event handle given or received).
+type Event = (i32, usize, i64, Option<(u8, i32, i32, usize)>, usize);
+
+static EVENTS: Mutex<Vec<Event>> = Mutex::new(Vec::new());
+
+unsafe extern "C" fn record(
+    handle: *mut *mut c_void,
+    kind: i32,
+    phandle: *mut c_void,
+    plugin: i64,
+    ext: *mut c_void,
+) -> i32 {
+    let mut events = EVENTS.lock().unwrap();
+    // SAFETY: the plugin passes its descriptor with a start, NULL with a stop.
+    let descr = unsafe { ext.cast::<ProfilerDescrV1>().as_ref() }
+        .map(|d| (d.kind, d.part, d.tag, d.length));
+    if kind == profiler::START {
+        // SAFETY: handle is the plugin's out-pointer for the event handle.
+        unsafe { *handle = (0x1000 + events.len()) as *mut c_void };
+    }
+    // SAFETY: as above; with a stop it holds the handle the start gave.
+    let h = unsafe { *handle } as usize;
+    events.push((kind, phandle as usize, plugin, descr, h));
+    0
+}
+
+#[test]
+#[ignore = "child process of another test"]
+fn child_profiler() {
+    let with = std::env::var("NFAB_PROFILER").is_ok();
+    let f: nccl_net_fabric::nccl::ProfilerFn = if with { Some(record) } else { None };
+    let lib = plugin_version(version()).with_profiler(f);
+    lib.init(true).expect("init");
+    let until = until(60.0);
+    let (send, recv) = lib.connect_pair(0, until).expect("connect_pair");
+    let mut src = pattern(1, 5000);
+    let mut dst = [vec![0u8; 5000], vec![0u8; 64]];
+    let bufs: Vec<RecvBuffer> = dst
+        .iter_mut()
+        .enumerate()
+        .map(|(i, d)| RecvBuffer {
+            data: d.as_mut_ptr().cast(),
+            size: d.len(),
+            tag: i as i32,
+            mhandle: Ptr(std::ptr::null_mut()),
+            phandle: Ptr((0xa0 + i) as *mut c_void),
+        })
+        .collect();
+    // SAFETY: the buffers outlive the requests, waited for below.
+    let r = until_some(until, || unsafe { lib.irecv_group(recv, &bufs) }).expect("irecv");
+    let mut small = [7u8; 10];
+    let s: Vec<Ptr> = [(src.as_mut_ptr(), 5000, 0), (small.as_mut_ptr(), 10, 1)]
+        .iter()
+        .map(|&(p, n, tag)| {
+            // SAFETY: as above.
+            until_some(until, || unsafe {
+                lib.isend_tagged(
+                    send,
+                    p.cast(),
+                    n,
+                    tag,
+                    Ptr(std::ptr::null_mut()),
+                    Ptr((0xb0 + tag) as *mut c_void),
+                )
+            })
+            .expect("isend")
+        })
+        .collect();
+    until_some(until, || lib.test_group(r, 2)).expect("receive");
+    for s in s {
+        until_some(until, || lib.test(s)).expect("send");
+    }
+    let events = EVENTS.lock().unwrap().clone();
+    println!("RESULT events={}", events.len());
+    if !with {
+        assert!(events.is_empty(), "no profiler, no events: {events:?}");
+        println!("RESULT ok=1");
+        return;
+    }
+    let starts: Vec<&Event> = events.iter().filter(|e| e.0 == profiler::START).collect();
+    let stops: Vec<&Event> = events.iter().filter(|e| e.0 == profiler::STOP).collect();
+    assert_eq!(starts.len(), 4, "{events:?}");
+    assert_eq!(stops.len(), 4, "{events:?}");
+    let expected = [
+        (0xa0, (profiler::RECV, 0, 0, 5000)),
+        (0xa1, (profiler::RECV, 1, 1, 64)),
+        (0xb0, (profiler::SEND, 0, 0, 5000)),
+        (0xb1, (profiler::SEND, 0, 1, 10)),
+    ];
+    for (phandle, descr) in expected {
+        let start = starts
+            .iter()
+            .find(|e| e.1 == phandle)
+            .unwrap_or_else(|| panic!("no start for phandle {phandle:#x}: {events:?}"));
+        assert_eq!(start.2, profiler::PLUGIN_ID);
+        assert_eq!(start.3, Some(descr), "descriptor of {phandle:#x}");
+        assert!(
+            stops.iter().any(|e| e.4 == start.4),
+            "the event of {phandle:#x} is stopped: {events:?}"
+        );
+    }
+    println!("RESULT ok=1");
+}
+
+#[test]
+fn profiler_events_follow_each_buffer() {
+    let env = provider_env("shm");
+    for (v, with) in [(10, true), (12, true), (12, false), (8, false)] {
+        let mut env = env.clone();
+        env.push(("NFAB_TABLE".into(), v.to_string()));
+        if with {
+            env.push(("NFAB_PROFILER".into(), "1".into()));
+        }
+        let f = run_child("child_profiler", &env, scaled(CHILD));
+        ok(&f, &format!("profiler v{v} ({with})"));
+    }
+}
