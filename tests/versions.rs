@@ -368,3 +368,62 @@ fn profiler_events_follow_each_buffer() {
         ok(&f, &format!("profiler v{v} ({with})"));
     }
 }
+
+// ---------------------------------------------------------------------------------------
+// Unloading and reloading, as NCCL 2.28+ does between communicators.
+
+fn threads() -> usize {
+    std::fs::read_dir("/proc/self/task")
+        .map(|d| d.count())
+        .unwrap_or(0)
+}
+
+#[test]
+#[ignore = "child process of another test"]
+fn child_reload() {
+    let until = until(300.0);
+    let mut marks = Vec::new();
+    let cycles = (100.0 / slow()).max(5.0) as usize;
+    for i in 0..cycles {
+        let lib = plugin_version(11);
+        let ctx = lib.init_v11(i as u64, true).expect("init");
+        let (send, recv) = lib.connect_pair(0, until).expect("connect_pair");
+        transfer(&lib, send, recv, 65536, 4, until);
+        lib.close_send(send).expect("closeSend");
+        lib.close_recv(recv).expect("closeRecv");
+        lib.finalize_v11(ctx).expect("finalize");
+        lib.close().expect("dlclose");
+        if i == 4 || i == 49 || i + 1 == cycles {
+            marks.push((i + 1, open_fds(), threads(), rss_kib()));
+            let mapped = std::fs::read_to_string("/proc/self/maps")
+                .unwrap_or_default()
+                .lines()
+                .filter(|l| l.contains("libnccl_net_fabric"))
+                .count();
+            println!("RESULT heap_{}={} mapped={mapped}", i + 1, heap_in_use());
+        }
+    }
+    for (n, fds, threads, rss) in &marks {
+        println!("RESULT after_{n}=fds {fds} threads {threads} rss_kib {rss}");
+    }
+    let (first, last) = (marks[0], marks[marks.len() - 1]);
+    assert_eq!(first.1, last.1, "file descriptors: {marks:?}");
+    assert_eq!(first.2, last.2, "threads: {marks:?}");
+    assert!(last.3 < first.3 + 32 * 1024, "RSS: {marks:?}");
+    println!("RESULT ok=1");
+}
+
+#[test]
+fn reloading_the_library_leaves_nothing_behind() {
+    for (p, env) in envs(&[]) {
+        let f = run_child("child_reload", &env, scaled(CHILD * 2.0));
+        ok(&f, &format!("100 reloads over {p}"));
+        for l in f
+            .stdout
+            .lines()
+            .filter(|l| l.contains("RESULT after_") || l.contains("RESULT heap_"))
+        {
+            eprintln!("{p}: {l}");
+        }
+    }
+}

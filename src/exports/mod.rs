@@ -549,8 +549,18 @@ pub(crate) unsafe fn irecv(
         };
         ph[i] = nth(phandles, i);
     }
+    note_group(n);
     // SAFETY: per the caller.
     unsafe { post(comm, &bufs[..n], &ph[..n], request) }
+}
+
+/// Says (INFO, once per size) that NCCL grouped this many buffers in one receive: whether
+/// NCCL uses grouped receives at all depends on its connection sharing (PXN, p2p).
+fn note_group(n: usize) {
+    static LARGEST: AtomicUsize = AtomicUsize::new(1);
+    if n > LARGEST.fetch_max(n, Ordering::AcqRel) {
+        tracing::info!("NCCL posted a grouped receive of {n} buffers (maxRecvs {MAX_RECVS})");
+    }
 }
 
 pub(crate) unsafe extern "C" fn iflush(
