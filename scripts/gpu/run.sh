@@ -18,6 +18,10 @@
 #   collectives  all_reduce, all_gather, sendrecv, alltoall: Socket, tcp;ofi_rxm, native tcp, shm
 #   mpi          all_reduce_perf as 2 processes (mpirun): Socket, tcp;ofi_rxm, native tcp, shm
 #   torch        torch.distributed all-reduce, 2 processes (torchrun), result checked
+#   ncclbuild    build NCCL from the source tarballs in $NCCL_SRC_DIR (those named in $NCCL_TAGS,
+#                default all), and nccl-tests against each (cached)
+#   versions     all_reduce, alltoall and sendrecv through the plugin with every NCCL built by
+#                ncclbuild and with PyTorch's: which table NCCL loaded, #wrong, grouped receives
 #   runs         the runs listed in $RUNS_FILE, one per line: NAME TEST socket|fabric [VAR=VALUE ...]
 #   all          libfabric nccltests doctor loading collectives variants mpi torch (about 10 min)
 #   issue10      libfabric nccltests compare torch loading
@@ -28,6 +32,8 @@
 #   LIBFABRIC_TARBALL libfabric source: a tree prepared with ./autogen.sh (GPU machines may have no
 #                     libtool) or the orig tarball (default: whichever is in .scratch/gpu-in)
 #   NCCL_TESTS_SRC    a copy of NVIDIA/nccl-tests, kept out of this repository (default .scratch/gpu-in/nccl-tests)
+#   NCCL_SRC_DIR      NCCL source tarballs nccl-<tag>.tar.xz (git archive of NVIDIA/nccl tags, kept
+#                     out of this repository; default .scratch/gpu-in/nccl-src)
 #   NCCL_TESTS_DIR    nccl-tests build folder with the *_perf binaries (default: what the nccltests stage built)
 #   NCCL_TESTS_MPI_DIR the same built with MPI=1 (for the mpi stage; default: what the nccltests stage built)
 #   OUT               where logs and summary.md go (default .scratch/gpu-out)
@@ -44,6 +50,7 @@ PLUGIN_DIR=${PLUGIN_DIR:-$in/plugin}
 BASELINE_DIR=${BASELINE_DIR:-$in/baseline}
 LIBFABRIC_TARBALL=${LIBFABRIC_TARBALL:-$(ls "$in"/libfabric-2.1.0-autogen.tar.xz "$in"/libfabric_2.1.0.orig.tar.xz 2>/dev/null | head -n1)}
 NCCL_TESTS_SRC=${NCCL_TESTS_SRC:-$in/nccl-tests}
+NCCL_SRC_DIR=${NCCL_SRC_DIR:-$in/nccl-src}
 OUT=${OUT:-$repo/.scratch/gpu-out}
 TIMEOUT=${TIMEOUT:-150}
 ITERS=${ITERS:-10}
@@ -297,6 +304,78 @@ stage_mpi() {
       -x NCCL_DEBUG=INFO -x NCCL_DEBUG_SUBSYS=INIT,NET "${extra[@]}" \
       "$dir/all_reduce_perf" -b "$MINBYTES" -e "$MAXBYTES" -f 4 -g 1 -n "$ITERS" -w "$WARMUP" >"$logf" 2>&1
     row "mpi-$name" all_reduce_perf "$logf" $? $((SECONDS - start))
+  done
+}
+
+# The NCCL tags ncclbuild finds (or $NCCL_TAGS).
+nccl_tags() {
+  if [ -n "${NCCL_TAGS:-}" ]; then echo "$NCCL_TAGS"; return; fi
+  local f
+  for f in "$NCCL_SRC_DIR"/nccl-*.tar.xz; do
+    [ -e "$f" ] && basename "$f" .tar.xz | sed 's/^nccl-//'
+  done
+}
+
+stage_ncclbuild() {
+  local cap tag
+  cap=$(nvidia-smi --query-gpu=compute_cap --format=csv,noheader | head -n1 | tr -d '. ')
+  for tag in $(nccl_tags); do
+    (
+      local src=$work/nccl-$tag build=$work/nccl-$tag/build tests=$work/nccl-tests-$tag
+      if [ ! -e "$build/lib/libnccl.so" ]; then
+        rm -rf "$src" && mkdir -p "$work" && tar -xJf "$NCCL_SRC_DIR/nccl-$tag.tar.xz" -C "$work"
+        make -C "$src" -j16 src.build CUDA_HOME=/usr/local/cuda BUILDDIR="$build" \
+          NVCC_GENCODE="-gencode=arch=compute_$cap,code=sm_$cap" >"$OUT/logs/nccl-$tag-build.log" 2>&1 \
+          || { log "NCCL $tag does not build here: $(tail -n 3 "$OUT/logs/nccl-$tag-build.log" | tr '\n' ' ' | cut -c1-300)"; exit 1; }
+      fi
+      if [ ! -x "$tests/all_reduce_perf" ]; then
+        make -C "$NCCL_TESTS_SRC/src" -j8 CUDA_HOME=/usr/local/cuda NCCL_HOME="$build" MPI=0 \
+          NVCC_GENCODE="-gencode=arch=compute_$cap,code=sm_$cap" BUILDDIR="$tests" \
+          >"$OUT/logs/nccl-tests-$tag-build.log" 2>&1 || log "nccl-tests against NCCL $tag failed to build"
+      fi
+      log "NCCL $tag: built"
+    ) &
+  done
+  wait
+}
+
+# versions_row LABEL LIBDIR TESTSDIR: the three collectives with one NCCL, one summary row.
+versions_row() {
+  local label=$1 libdir=$2 tests=$3 t name logf cells="" loaded grouped=0 rc
+  for t in all_reduce_perf alltoall_perf sendrecv_perf; do
+    name=versions-$label-${t%_perf}
+    logf=$OUT/logs/$name.log
+    log "run $name"
+    env LD_LIBRARY_PATH="$libdir:$LD_LIBRARY_PATH" NCCL_P2P_DISABLE=1 NCCL_SHM_DISABLE=1 \
+      NCCL_DEBUG=INFO NCCL_DEBUG_SUBSYS=INIT,NET $(fabric) NCCL_FABRIC_PROVIDER="tcp;ofi_rxm" \
+      timeout -k 10 "$TIMEOUT" "$tests/$t" -b 1M -e 64M -f 4 -g 2 -n 5 -w 2 >"$logf" 2>&1
+    rc=$?
+    local wrong
+    wrong=$(awk '$1 ~ /^[0-9]+$/ && NF >= 13 {w += $9 + $13} END {print w + 0}' "$logf")
+    cells="$cells | rc=$rc, #wrong $wrong"
+    grouped=$((grouped + $(grep -c 'grouped receive of' "$logf")))
+  done
+  loaded=$(grep -h -o 'Loaded net plugin [A-Za-z]* (v[0-9]*)' "$OUT"/logs/versions-"$label"-*.log | sort -u | tr '\n' ' ')
+  echo "| $label | ${loaded:-none}$cells | $grouped |" >>"$summary"
+}
+
+stage_versions() {
+  plugin_env
+  {
+    echo
+    echo "## NCCL versions: which table each loads, and three collectives through it (tcp;ofi_rxm, -g 2, P2P and SHM off, 1M-64M)"
+    echo
+    echo "| NCCL | table loaded | all_reduce | alltoall | sendrecv | grouped-receive INFO lines |"
+    echo "| --- | --- | --- | --- | --- | --- |"
+  } >>"$summary"
+  versions_row "2.28.9-pip" "$nccl_dir/lib" "$NCCL_TESTS_DIR"
+  local tag
+  for tag in $(nccl_tags); do
+    if [ -e "$work/nccl-$tag/build/lib/libnccl.so" ] && [ -x "$work/nccl-tests-$tag/all_reduce_perf" ]; then
+      versions_row "$tag" "$work/nccl-$tag/build/lib" "$work/nccl-tests-$tag"
+    else
+      echo "| $tag | not built (see logs/nccl-$tag-build.log) | - | - | - | - |" >>"$summary"
+    fi
   done
 }
 
