@@ -73,6 +73,7 @@ pub fn init() -> Result<Arc<Plugin>> {
         return Ok(p);
     }
     let settings = Settings::from_env()?;
+    let defaults = crate::quirks::apply_defaults();
     let discovery = discover(&settings)?;
     let decision = decide(&discovery.candidates, &settings);
     for (c, v) in discovery.candidates.iter().zip(&decision.verdicts) {
@@ -98,6 +99,13 @@ pub fn init() -> Result<Arc<Plugin>> {
     }
     let plugin = Arc::new(open_devices(settings, &discovery, &decision)?);
     tracing::info!("{}", plugin.summary);
+    tracing::info!("{}", plugin.settings.sizing());
+    if !defaults.is_empty() && plugin.provider.contains("rxm") {
+        tracing::info!(
+            "smaller rxm buffer pools: {} (set these variables yourself to choose others)",
+            defaults.join(" ")
+        );
+    }
     if decision.hmem_reason.contains("NCCL_FABRIC_HMEM=force") {
         tracing::warn!(
             "NCCL_FABRIC_HMEM=force: {} does not say whether its FI_HMEM path calls the CUDA API; \

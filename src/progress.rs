@@ -1,8 +1,9 @@
 //! A progress thread: drives one endpoint's [`Driver`] continuously, so the provider moves
 //! data while NCCL's threads do other work, and posts what NCCL's calls handed in.
 //!
-//! It spins while work comes, then yields, then naps (20 µs, later 200 µs) when idle, and is
-//! woken early when a command arrives. Stopping it hands the driver back.
+//! It spins while work comes, then yields, then naps (20 µs, later 200 µs) while operations
+//! are in flight, and sleeps (50 ms) once nothing is: then no completion can come, and a new
+//! operation wakes it at once (commands unpark it). Stopping it hands the driver back.
 
 use crate::driver::Driver;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -76,6 +77,8 @@ fn run(driver: &mut Driver, stop: &AtomicBool) {
         match idle {
             0..=4_000 => std::hint::spin_loop(),
             4_001..=40_000 => std::thread::yield_now(),
+            // Nothing in flight (closed comms' sinks aside): nothing to wait for.
+            _ if driver.idle() => std::thread::park_timeout(Duration::from_millis(50)),
             // About a second of 20 µs naps, then 200 µs: an endpoint idle between NCCL
             // operations costs little CPU and wakes within a fraction of a millisecond.
             40_001..=90_000 => std::thread::park_timeout(Duration::from_micros(20)),

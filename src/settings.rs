@@ -301,10 +301,56 @@ impl Settings {
     }
 }
 
-/// Whether this machine has cores to spare for the plugin's own threads: GPU hosts do, small
-/// VMs do not.
+/// Whether this process has cores to spare for the plugin's own threads: GPU hosts do,
+/// small VMs and ranks bound to one core (`mpirun`'s default binding) do not.
 fn many_cpus() -> bool {
-    std::thread::available_parallelism().is_ok_and(|n| n.get() >= 8)
+    cpus_allowed() >= 8
+}
+
+/// CPUs this process may run on (its affinity mask, as `sched_getaffinity` gives it).
+pub fn cpus_allowed() -> usize {
+    std::thread::available_parallelism().map_or(1, |n| n.get())
+}
+
+/// Ranks sharing this machine, from what launchers put in the environment (Open MPI,
+/// MPICH/Hydra, Slurm, torchrun), if any says.
+pub fn local_ranks() -> Option<usize> {
+    [
+        "OMPI_COMM_WORLD_LOCAL_SIZE",
+        "MPI_LOCALNRANKS",
+        "SLURM_NTASKS_PER_NODE",
+        "LOCAL_WORLD_SIZE",
+    ]
+    .iter()
+    .find_map(|k| std::env::var(k).ok()?.trim().parse().ok())
+}
+
+impl Settings {
+    /// One line on how the plugin sized itself: CPUs, local ranks, lanes and threads, and
+    /// what to change.
+    pub fn sizing(&self) -> String {
+        let cpus = cpus_allowed();
+        let machine = std::fs::read_to_string("/proc/cpuinfo")
+            .map(|t| t.matches("processor\t").count())
+            .unwrap_or(0);
+        let ranks = local_ranks().map_or("unknown".to_string(), |n| n.to_string());
+        let hint = if cpus < 8 && machine >= 8 {
+            format!(
+                " This process is bound to {cpus} of the machine's {machine} CPUs (mpirun \
+                 binds one core per rank by default): the plugin then runs no threads of its \
+                 own and one lane; run with --bind-to none (or more cores per rank), or set \
+                 NCCL_FABRIC_PROGRESS_THREAD=yes and NCCL_FABRIC_LANES"
+            )
+        } else {
+            String::new()
+        };
+        format!(
+            "sizing: {cpus} CPUs allowed (machine {machine}), local ranks {ranks}: {} lane(s) \
+             per direction, progress threads {}.{hint}",
+            self.lanes,
+            if self.progress_thread { "yes" } else { "no" },
+        )
+    }
 }
 
 /// Whether `name` matches a pattern list entry (`eth0`, or a prefix `eth*`).

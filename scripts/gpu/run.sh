@@ -18,6 +18,8 @@
 #   collectives  all_reduce, all_gather, sendrecv, alltoall: Socket, tcp;ofi_rxm, native tcp, shm
 #   mpi          all_reduce_perf as 2 processes (mpirun): Socket, tcp;ofi_rxm, native tcp, shm
 #   torch        torch.distributed all-reduce, 2 processes (torchrun), result checked
+#   idle         a torch job that all-reduces, idles 10 s and all-reduces again: cores used while
+#                idle and RSS per process, Socket against the plugin (and the baseline plugin)
 #   ncclbuild    build NCCL from the source tarballs in $NCCL_SRC_DIR (those named in $NCCL_TAGS,
 #                default all), and nccl-tests against each (cached)
 #   versions     all_reduce, alltoall and sendrecv through the plugin with every NCCL built by
@@ -376,6 +378,30 @@ stage_versions() {
     else
       echo "| $tag | not built (see logs/nccl-$tag-build.log) | - | - | - | - |" >>"$summary"
     fi
+  done
+}
+
+stage_idle() {
+  plugin_env
+  {
+    echo
+    echo "## Idle cost (torchrun, 2 processes, all-reduce, 10 s idle, all-reduce; P2P and SHM off)"
+    echo
+  } >>"$summary"
+  local how logf
+  for how in socket fabric-rxm fabric-shm baseline-rxm; do
+    logf=$OUT/logs/idle-$how.log
+    case $how in
+      socket) set -- NCCL_NET=Socket NCCL_NET_PLUGIN=none ;;
+      fabric-rxm) set -- $(fabric) NCCL_FABRIC_PROVIDER="tcp;ofi_rxm" ;;
+      fabric-shm) set -- $(fabric) NCCL_FABRIC_PROVIDER=shm ;;
+      baseline-rxm)
+        mkdir -p "$work/baseline" && cp -f "$BASELINE_DIR/libnccl_net_fabric.so" "$work/baseline/libnccl-net-fabric.so"
+        set -- NCCL_NET=Fabric NCCL_NET_PLUGIN="$work/baseline/libnccl-net-fabric.so" NCCL_FABRIC_PROVIDER="tcp;ofi_rxm" ;;
+    esac
+    env NCCL_P2P_DISABLE=1 NCCL_SHM_DISABLE=1 "$@" timeout -k 10 "$TIMEOUT" \
+      torchrun --standalone --nproc_per_node 2 scripts/gpu/torch_idle.py >"$logf" 2>&1
+    echo "- $how (rc=$?): $(grep -o 'RESULT.*' "$logf" | tr '\n' ' ')" >>"$summary"
   done
 }
 

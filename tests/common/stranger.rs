@@ -47,6 +47,9 @@ impl Stranger {
 
     /// As [`Stranger::open`], asking for the capabilities `extra` too.
     pub fn open_with(provider: &str, domain: &str, extra: u64) -> Stranger {
+        // rxm refuses connections between different eager limits: speak as the job's ranks
+        // do (the plugin's defaults).
+        nccl_net_fabric::quirks::apply_defaults();
         let hints = Hints {
             caps: (sys::FI_TAGGED | sys::FI_MSG | sys::FI_RMA) as u64
                 | (sys::FI_WRITE | sys::FI_REMOTE_WRITE) as u64

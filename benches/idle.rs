@@ -1,0 +1,116 @@
+//! What an idle communicator costs: CPU seconds per second of wall time (cores) a process
+//! spends while a connected pair of comms waits with nothing in flight, and the process's
+//! RSS, for each provider, with and without progress threads.
+//!
+//! `cargo bench --bench idle` (each configuration in its own process; `-- PROVIDER THREADS`
+//! runs one). Not a test: the figures depend on the machine.
+
+use nccl_net_fabric::host::PluginLib;
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+const IDLE: Duration = Duration::from_secs(10);
+
+fn cpu_seconds() -> f64 {
+    // SAFETY: getrusage fills the zeroed struct.
+    let u = unsafe {
+        let mut u: libc::rusage = std::mem::zeroed();
+        libc::getrusage(libc::RUSAGE_SELF, &mut u);
+        u
+    };
+    let t = |tv: libc::timeval| tv.tv_sec as f64 + tv.tv_usec as f64 / 1e6;
+    t(u.ru_utime) + t(u.ru_stime)
+}
+
+fn rss_mib() -> u64 {
+    std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with("VmRSS:"))
+                .and_then(|l| l.split_whitespace().nth(1)?.parse::<u64>().ok())
+        })
+        .unwrap_or(0)
+        / 1024
+}
+
+/// In the child: one pair, a few messages, then idle.
+fn measure() {
+    let lib = PluginLib::open_version(&PluginLib::default_path(), 11).expect("load");
+    lib.init(false).expect("init");
+    let until = Instant::now() + Duration::from_secs(60);
+    let (send, recv) = lib.connect_pair(0, until).expect("connect");
+    let mut a = vec![1u8; 1 << 20];
+    let mut b = vec![0u8; 1 << 20];
+    for _ in 0..8 {
+        // SAFETY: both buffers outlive the requests, waited for right away.
+        let (r, s) = unsafe {
+            let r = lib
+                .irecv_until(
+                    recv,
+                    b.as_mut_ptr().cast(),
+                    1 << 20,
+                    nccl_net_fabric::host::Ptr(std::ptr::null_mut()),
+                    until,
+                )
+                .expect("irecv");
+            let s = lib
+                .isend_until(
+                    send,
+                    a.as_mut_ptr().cast(),
+                    1 << 20,
+                    nccl_net_fabric::host::Ptr(std::ptr::null_mut()),
+                    until,
+                )
+                .expect("isend");
+            (r, s)
+        };
+        lib.wait(s, until).expect("send");
+        lib.wait(r, until).expect("recv");
+    }
+    // Let the progress threads reach their idle state before measuring.
+    std::thread::sleep(Duration::from_secs(2));
+    let c0 = cpu_seconds();
+    std::thread::sleep(IDLE);
+    let cores = (cpu_seconds() - c0) / IDLE.as_secs_f64();
+    println!("RESULT cores={cores:.4} rss_mib={}", rss_mib());
+}
+
+fn main() {
+    let args: Vec<String> = std::env::args()
+        .skip(1)
+        .filter(|a| a != "--bench")
+        .collect();
+    if std::env::var("NFAB_IDLE_CHILD").is_ok() {
+        return measure();
+    }
+    let providers = match args.first() {
+        Some(p) => vec![p.clone()],
+        None => vec!["tcp;ofi_rxm".to_string(), "shm".to_string()],
+    };
+    let threads = match args.get(1) {
+        Some(t) => vec![t.clone()],
+        None => vec!["yes".to_string(), "no".to_string()],
+    };
+    println!(
+        "idle communicator: cores used while idle ({} s) and RSS",
+        IDLE.as_secs()
+    );
+    for p in &providers {
+        for t in &threads {
+            let out = Command::new(std::env::current_exe().expect("exe"))
+                .env("NFAB_IDLE_CHILD", "1")
+                .env("NCCL_FABRIC_PROVIDER", p)
+                .env("NCCL_FABRIC_PROGRESS_THREAD", t)
+                .env("NCCL_FABRIC_DOMAINS", "lo,shm")
+                .output()
+                .expect("run the child");
+            let text = String::from_utf8_lossy(&out.stdout);
+            let result = text
+                .lines()
+                .find_map(|l| l.strip_prefix("RESULT "))
+                .unwrap_or("failed");
+            println!("{p:<12} progress threads {t:<3}: {result}");
+        }
+    }
+}
