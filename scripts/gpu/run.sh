@@ -18,6 +18,8 @@
 #   collectives  all_reduce, all_gather, sendrecv, alltoall: Socket, tcp;ofi_rxm, native tcp, shm
 #   mpi          all_reduce_perf as 2 processes (mpirun): Socket, tcp;ofi_rxm, native tcp, shm
 #   torch        torch.distributed all-reduce, 2 processes (torchrun), result checked
+#   bound        all_reduce_perf, mpirun -np 2 with its default binding: Socket, the plugin as it
+#                sizes itself, and lane/thread variants
 #   idle         a torch job that all-reduces, idles 10 s and all-reduces again: cores used while
 #                idle and RSS per process, Socket against the plugin (and the baseline plugin)
 #   ncclbuild    build NCCL from the source tarballs in $NCCL_SRC_DIR (those named in $NCCL_TAGS,
@@ -307,6 +309,35 @@ stage_mpi() {
       "$dir/all_reduce_perf" -b "$MINBYTES" -e "$MAXBYTES" -f 4 -g 1 -n "$ITERS" -w "$WARMUP" >"$logf" 2>&1
     row "mpi-$name" all_reduce_perf "$logf" $? $((SECONDS - start))
   done
+}
+
+# all_reduce_perf as 2 processes with mpirun's default binding (one core per rank): Socket
+# against the plugin as it sizes itself there, and variants of lanes and threads.
+stage_bound() {
+  plugin_env
+  local dir=$NCCL_TESTS_MPI_DIR
+  [ -x "$dir/all_reduce_perf" ] || { echo "- bound: skipped (no MPI build)" >>"$summary"; return 0; }
+  table_header "all_reduce_perf, mpirun -np 2 with its default binding (one core per rank), -g 1"
+  local fab=(-x NCCL_NET=Fabric -x NCCL_NET_PLUGIN="$PLUGIN_LIB/libnccl-net-fabric.so")
+  local name
+  for name in socket rxm rxm-4lanes rxm-2lanes-threads shm shm-threads; do
+    local extra
+    case $name in
+      socket) extra=(-x NCCL_NET=Socket -x NCCL_NET_PLUGIN=none) ;;
+      rxm) extra=("${fab[@]}" -x NCCL_FABRIC_PROVIDER="tcp;ofi_rxm") ;;
+      rxm-4lanes) extra=("${fab[@]}" -x NCCL_FABRIC_PROVIDER="tcp;ofi_rxm" -x NCCL_FABRIC_LANES=4) ;;
+      rxm-2lanes-threads) extra=("${fab[@]}" -x NCCL_FABRIC_PROVIDER="tcp;ofi_rxm" -x NCCL_FABRIC_LANES=2 -x NCCL_FABRIC_PROGRESS_THREAD=yes) ;;
+      shm) extra=("${fab[@]}" -x NCCL_FABRIC_PROVIDER=shm) ;;
+      shm-threads) extra=("${fab[@]}" -x NCCL_FABRIC_PROVIDER=shm -x NCCL_FABRIC_PROGRESS_THREAD=yes) ;;
+    esac
+    local logf=$OUT/logs/bound-$name.log start=$SECONDS
+    timeout -k 10 "$TIMEOUT" mpirun --allow-run-as-root -np 2 \
+      -x LD_LIBRARY_PATH -x NCCL_P2P_DISABLE=1 -x NCCL_SHM_DISABLE=1 -x NCCL_NVLS_ENABLE=0 \
+      -x NCCL_DEBUG=INFO -x NCCL_DEBUG_SUBSYS=INIT,NET "${extra[@]}" \
+      "$dir/all_reduce_perf" -b "$MINBYTES" -e "$MAXBYTES" -f 4 -g 1 -n "$ITERS" -w "$WARMUP" >"$logf" 2>&1
+    row "bound-$name" all_reduce_perf "$logf" $? $((SECONDS - start))
+  done
+  grep -h -m1 "sizing:" "$OUT/logs/bound-rxm.log" | cut -c1-400 >>"$summary"
 }
 
 # The NCCL tags ncclbuild finds (or $NCCL_TAGS).
