@@ -338,8 +338,9 @@ impl Settings {
             format!(
                 " This process is bound to {cpus} of the machine's {machine} CPUs (mpirun \
                  binds one core per rank by default): the plugin then runs no threads of its \
-                 own and one lane; run with --bind-to none (or more cores per rank), or set \
-                 NCCL_FABRIC_PROGRESS_THREAD=yes and NCCL_FABRIC_LANES"
+                 own and one lane, and moves less than with more cores (progress threads on \
+                 the same core are slower still). Run with --bind-to none, or give each rank \
+                 more cores (e.g. mpirun --map-by slot:PE=8)"
             )
         } else {
             String::new()
