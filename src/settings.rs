@@ -87,8 +87,9 @@ pub const TABLE: &[Setting] = &[
         default: "0",
         meaning: "with endpoints shared per device: how many receiving and how many sending \
                   endpoints each device has; comms are spread over them in turn, so traffic \
-                  moves over that many connections and progress threads at once. 0 = 4 on \
-                  machines with 8 or more CPUs, else 1",
+                  moves over that many connections and progress threads at once. 0 = by the \
+                  CPUs of this rank (those it may use, divided among the machine's ranks when \
+                  they share them): 4 with 8 or more, 2 with 4 to 7, else 1",
     },
     Setting {
         name: CONNECT_TIMEOUT_MS,
@@ -149,7 +150,8 @@ pub const TABLE: &[Setting] = &[
                   NCCL's calls hand it and reads completions continuously (it spins while \
                   traffic flows, so work a provider does while posting runs there, not in \
                   NCCL's one proxy thread per GPU); `no`: NCCL's own calls drive each endpoint, \
-                  one at a time; `auto`: `yes` on machines with 8 or more CPUs",
+                  one at a time; `auto`: `yes` when this rank has 4 or more CPUs (see \
+                  NCCL_FABRIC_LANES)",
     },
     Setting {
         name: LOG,
@@ -285,11 +287,10 @@ impl Settings {
             progress_thread: match value(&lookup, PROGRESS_THREAD)?.as_str() {
                 "yes" => true,
                 "no" => false,
-                _ => many_cpus(),
+                _ => auto_sizing().1,
             },
             lanes: match number(LANES)? {
-                0 if many_cpus() => 4,
-                0 => 1,
+                0 => auto_sizing().0,
                 n => n as usize,
             },
         })
@@ -301,10 +302,37 @@ impl Settings {
     }
 }
 
-/// Whether this process has cores to spare for the plugin's own threads: GPU hosts do,
-/// small VMs and ranks bound to one core (`mpirun`'s default binding) do not.
-fn many_cpus() -> bool {
-    cpus_allowed() >= 8
+/// Lanes and progress threads for this process: [`sizing_for`] its share of the CPUs.
+fn auto_sizing() -> (usize, bool) {
+    sizing_for(cpus_per_rank())
+}
+
+/// CPUs this process can count on: those it may use, shared with the other ranks of the
+/// machine when they may use the same ones (unbound ranks all see every CPU).
+pub fn cpus_per_rank() -> usize {
+    let allowed = cpus_allowed();
+    let machine = machine_cpus().max(allowed);
+    match local_ranks() {
+        Some(n) if n > 1 && allowed == machine => (allowed / n).max(1),
+        _ => allowed,
+    }
+}
+
+/// Lanes per direction and whether to run progress threads, for `cpus` CPUs of one rank:
+/// 8 or more: 4 lanes with threads; 4 to 7: 2 lanes with threads; fewer: 1 lane driven by
+/// NCCL's calls (threads would take the cores NCCL's own threads need).
+pub fn sizing_for(cpus: usize) -> (usize, bool) {
+    match cpus {
+        8.. => (4, true),
+        4..=7 => (2, true),
+        _ => (1, false),
+    }
+}
+
+fn machine_cpus() -> usize {
+    std::fs::read_to_string("/proc/cpuinfo")
+        .map(|t| t.matches("processor\t").count())
+        .unwrap_or(0)
 }
 
 /// CPUs this process may run on (its affinity mask, as `sched_getaffinity` gives it).
@@ -330,9 +358,7 @@ impl Settings {
     /// what to change.
     pub fn sizing(&self) -> String {
         let cpus = cpus_allowed();
-        let machine = std::fs::read_to_string("/proc/cpuinfo")
-            .map(|t| t.matches("processor\t").count())
-            .unwrap_or(0);
+        let machine = machine_cpus();
         let ranks = local_ranks().map_or("unknown".to_string(), |n| n.to_string());
         let hint = if cpus < 8 && machine >= 8 {
             format!(
@@ -346,8 +372,10 @@ impl Settings {
             String::new()
         };
         format!(
-            "sizing: {cpus} CPUs allowed (machine {machine}), local ranks {ranks}: {} lane(s) \
-             per direction, progress threads {}.{hint}",
+            "sizing: {cpus} CPUs allowed (machine {machine}), local ranks {ranks}, so {} CPUs \
+             for this rank: {} lane(s) per direction, progress threads {} (NCCL_FABRIC_LANES, \
+             NCCL_FABRIC_PROGRESS_THREAD override).{hint}",
+            cpus_per_rank(),
             self.lanes,
             if self.progress_thread { "yes" } else { "no" },
         )
@@ -387,6 +415,18 @@ pub fn markdown_table() -> String {
         ));
     }
     out
+}
+
+#[cfg(test)]
+mod sizing_tests {
+    use super::sizing_for;
+
+    #[test]
+    fn ranks_sharing_a_machine_get_fewer_lanes_and_threads() {
+        assert_eq!(sizing_for(32), (4, true), "one rank on a GPU host");
+        assert_eq!(sizing_for(32 / 8), (2, true), "8 ranks sharing 32 CPUs");
+        assert_eq!(sizing_for(1), (1, false), "a rank bound to one core");
+    }
 }
 
 #[cfg(test)]
@@ -443,7 +483,7 @@ mod tests {
     #[test]
     fn lanes_follow_the_machine_unless_set() {
         let auto = parse(&[]).unwrap().lanes;
-        assert_eq!(auto, if many_cpus() { 4 } else { 1 });
+        assert_eq!(auto, auto_sizing().0);
         assert_eq!(parse(&[(LANES, "8")]).unwrap().lanes, 8);
         assert!(parse(&[(LANES, "65")]).is_err());
     }
