@@ -246,64 +246,69 @@ impl Comm {
             .fetch_add(1, Ordering::AcqRel)
             .wrapping_add(1);
         let mut seqs = self.next_seq.lock();
-        // Each buffer's tag, with the sequence numbers it would use.
-        let mut taken: Vec<(u64, u64)> = Vec::with_capacity(bufs.len());
-        let posts: Vec<Post> = bufs
-            .iter()
-            .zip(req.parts.iter())
-            .map(|(b, part)| {
-                let key = self.lane.tags.nccl_tag(b.tag);
-                let seq = match taken.iter_mut().find(|(k, _)| *k == key) {
-                    Some((_, s)) => {
-                        *s += 1;
-                        *s
-                    }
-                    None => {
-                        let s = seqs.get(&key).copied().unwrap_or(0);
-                        taken.push((key, s));
-                        s
-                    }
-                };
-                let tag = self.lane.tags.data(self.id, key, seq);
-                part.posted.store(b.len, Ordering::Relaxed);
-                part.op.mark_queued();
-                let transfer = match self.dir {
-                    Direction::Send => Transfer::Send {
-                        buf: b.data,
-                        len: b.len,
-                        desc: b.desc,
-                        dest: self.peer.addr,
-                        tag,
-                    },
-                    Direction::Recv => Transfer::Recv {
-                        buf: b.data,
-                        len: b.len,
-                        desc: b.desc,
-                        src: self.lane.source(self.peer.addr),
-                        tag,
-                        ignore: 0,
-                        overflow: b.host,
-                    },
-                };
-                Post {
-                    op: &part.op,
-                    owner: self.clone() as Owner,
-                    transfer,
+        // Each buffer's tag, and the last sequence number each NCCL tag would use (no
+        // allocation: this runs for every send and receive).
+        let mut tags = [0u64; MAX_RECVS];
+        let mut taken = [(0u64, 0u64); MAX_RECVS];
+        let mut keys = 0;
+        for (i, b) in bufs.iter().enumerate() {
+            let key = self.lane.tags.nccl_tag(b.tag);
+            let seq = match taken[..keys].iter_mut().find(|(k, _)| *k == key) {
+                Some((_, s)) => {
+                    *s += 1;
+                    *s
                 }
-            })
-            .collect();
+                None => {
+                    let s = seqs.get(&key).copied().unwrap_or(0);
+                    taken[keys] = (key, s);
+                    keys += 1;
+                    s
+                }
+            };
+            tags[i] = self.lane.tags.data(self.id, key, seq);
+        }
+        let post_of = |i: usize| {
+            let (b, part, tag) = (&bufs[i], &req.parts[i], tags[i]);
+            part.posted.store(b.len, Ordering::Relaxed);
+            part.op.mark_queued();
+            let transfer = match self.dir {
+                Direction::Send => Transfer::Send {
+                    buf: b.data,
+                    len: b.len,
+                    desc: b.desc,
+                    dest: self.peer.addr,
+                    tag,
+                },
+                Direction::Recv => Transfer::Recv {
+                    buf: b.data,
+                    len: b.len,
+                    desc: b.desc,
+                    src: self.lane.source(self.peer.addr),
+                    tag,
+                    ignore: 0,
+                    overflow: b.host,
+                },
+            };
+            Post {
+                op: &part.op,
+                owner: self.clone() as Owner,
+                transfer,
+            }
+        };
         req.n.store(bufs.len(), Ordering::Relaxed);
         req.posted_at_ms.store(now_ms(), Ordering::Relaxed);
         req.stall_reported.store(false, Ordering::Relaxed);
-        let mut posts = posts.into_iter();
-        let first = posts.next().expect("at least one buffer");
-        match self.lane.submit(first) {
+        // The others marked queued too before the first can complete (claim() looks at all).
+        for i in 1..bufs.len() {
+            req.parts[i].op.mark_queued();
+        }
+        match self.lane.submit(post_of(0)) {
             Ok(None) => {
-                for (key, last) in taken {
+                for &(key, last) in &taken[..keys] {
                     seqs.insert(key, last.wrapping_add(1));
                 }
-                for p in posts {
-                    self.lane.enqueue(p)?;
+                for i in 1..bufs.len() {
+                    self.lane.enqueue(post_of(i))?;
                 }
                 self.refused_since.store(0, Ordering::Relaxed);
                 Ok(Some(request::pack(req, generation)))
