@@ -358,13 +358,25 @@ impl Driver {
         posted
     }
 
-    /// Posts one operation now, on behalf of an NCCL call (lanes driven by NCCL's calls):
-    /// first a turn (progress, and what others handed in), then the post. Gives the
-    /// operation back when the provider says EAGAIN, so NCCL calls again (and drives
-    /// progress each time) as it does for any "not now".
+    /// Posts one operation now, on behalf of an NCCL call (lanes driven by NCCL's calls).
+    /// What others handed in goes first (posting order is matching order); with nothing
+    /// handed in the post goes straight to the provider and completions wait for the next
+    /// turn (NCCL's `test` drives one). If the provider says EAGAIN, a turn of progress and
+    /// one more try; then the operation comes back, so NCCL calls again as it does for any
+    /// "not now".
     pub fn post_now(&mut self, p: Post) -> Result<Option<Post>> {
-        self.turn()?;
-        Ok(self.hand_over(p))
+        if !self.inbox.is_empty() || !self.waiting.is_empty() {
+            self.turn()?;
+        } else if let Some(e) = self.health.broken() {
+            return Err(Error::Remote(e.to_string()));
+        }
+        match self.hand_over(p) {
+            None => Ok(None),
+            Some(p) => {
+                self.turn()?;
+                Ok(self.hand_over(p))
+            }
+        }
     }
 
     /// Hands one operation to the provider. `Some(p)` back: it said EAGAIN. A refused
