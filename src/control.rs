@@ -672,7 +672,6 @@ struct Station {
     sends: Vec<(Arc<Msg>, Purpose)>,
     addrs: HashMap<Vec<u8>, sys::fi_addr_t>,
     probes: HashMap<u64, Weak<Peer>>,
-    bad_messages: u64,
     bad_warn: crate::log::Throttle,
 }
 
@@ -686,7 +685,6 @@ impl Station {
             sends: Vec::new(),
             addrs: HashMap::new(),
             probes: HashMap::new(),
-            bad_messages: 0,
             bad_warn: crate::log::Throttle::new(WARN_EVERY),
         };
         for i in 0..RECEIVES {
@@ -769,7 +767,6 @@ impl Station {
     /// A message that is not ours, or not for anything here: dropped, and said in one WARN
     /// at most every [`WARN_EVERY`].
     fn note_bad(&mut self, what: &str) {
-        self.bad_messages += 1;
         if let Some(held) = self.bad_warn.allow() {
             tracing::warn!(
                 "control endpoint {} dropped a message: {what}{}. Another program, or a \

@@ -169,8 +169,6 @@ pub struct Health {
     /// Counts errors the provider reported without an operation (an error of the endpoint,
     /// such as a lost connection): users then check their peers at once.
     stray_errors: AtomicU64,
-    /// Counts messages from strangers that took a receive (and were dropped).
-    pub strangers: AtomicU64,
 }
 
 impl Health {
@@ -560,7 +558,6 @@ impl Driver {
         if let Some(posted) = entry.posted.filter(|&p| len > p) {
             crate::overflow::release(len - posted);
         }
-        self.health.strangers.fetch_add(1, Ordering::AcqRel);
         if let Some(held) = self.strangers.allow() {
             tracing::warn!(
                 "{}: dropped a message of {len} bytes from an endpoint that is not the comm's \

@@ -439,19 +439,14 @@ impl PluginLib {
                     None
                 )
             }
-            Table::V9(t) => {
-                let p = get(t.get_properties, dev)?;
-                let n = newer(p.max_p2p_bytes);
-                common!(
-                    p,
-                    p.reg_is_global,
-                    p.net_device_type,
-                    p.net_device_version,
-                    n
-                )
-            }
-            Table::V10(t) => {
-                let p = get(t.get_properties, dev)?;
+            // v9 and v10 share their properties layout.
+            Table::V9(&NetV9 {
+                get_properties: f, ..
+            })
+            | Table::V10(&NetV10 {
+                get_properties: f, ..
+            }) => {
+                let p = get(f, dev)?;
                 let n = newer(p.max_p2p_bytes);
                 common!(
                     p,

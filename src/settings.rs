@@ -262,6 +262,8 @@ impl Settings {
             value(&lookup, name)
                 .map(|_| list(&lookup(name).unwrap_or_else(|| setting(name).default.into())))
         };
+        // Lanes and threads for this rank's CPUs, read once (/proc/cpuinfo, affinity).
+        let (auto_lanes, auto_threads) = auto_sizing();
         Ok(Settings {
             hmem: match value(&lookup, HMEM)?.as_str() {
                 "require" => HmemMode::Require,
@@ -287,10 +289,10 @@ impl Settings {
             progress_thread: match value(&lookup, PROGRESS_THREAD)?.as_str() {
                 "yes" => true,
                 "no" => false,
-                _ => auto_sizing().1,
+                _ => auto_threads,
             },
             lanes: match number(LANES)? {
-                0 => auto_sizing().0,
+                0 => auto_lanes,
                 n => n as usize,
             },
         })
