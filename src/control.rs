@@ -443,7 +443,11 @@ enum Job {
     },
     Adopt(Driver, Instant),
     Flush(std::sync::mpsc::Sender<()>),
+    Later(Instant, Chore),
 }
+
+/// Work the control thread runs at a given time (see [`later`]).
+pub type Chore = Box<dyn FnOnce() + Send>;
 
 struct Mailbox {
     jobs: Mutex<VecDeque<Job>>,
@@ -505,6 +509,11 @@ pub fn adopt(driver: Driver, deadline: Instant) {
     mailbox().push(Job::Adopt(driver, deadline));
 }
 
+/// Runs `chore` on the control thread once `delay` has passed (within its tick, ~20 ms).
+pub fn later(delay: Duration, chore: Chore) {
+    mailbox().push(Job::Later(Instant::now() + delay, chore));
+}
+
 /// Closes every adopted endpoint now (at finalize); waits for the control thread, at most
 /// a few seconds.
 pub fn flush() {
@@ -518,6 +527,7 @@ pub fn flush() {
 fn run(mb: &'static Mailbox) {
     let mut stations: Vec<Box<Station>> = Vec::new();
     let mut adopted: Vec<(Driver, Instant)> = Vec::new();
+    let mut chores: Vec<(Instant, Chore)> = Vec::new();
     let body = std::panic::AssertUnwindSafe(|| loop {
         for job in mb.take() {
             match job {
@@ -535,6 +545,7 @@ fn run(mb: &'static Mailbox) {
                     None => purpose.failed("no control endpoint".into()),
                 },
                 Job::Adopt(d, deadline) => adopted.push((d, deadline)),
+                Job::Later(at, chore) => chores.push((at, chore)),
                 Job::Flush(done) => {
                     let until = Instant::now() + FLUSH_WAIT;
                     while !adopted.is_empty() && Instant::now() < until {
@@ -564,6 +575,17 @@ fn run(mb: &'static Mailbox) {
             }
         }
         busy |= !adopted.is_empty();
+        let mut i = 0;
+        while i < chores.len() {
+            if now >= chores[i].0 {
+                let chore = chores.swap_remove(i).1;
+                if std::panic::catch_unwind(std::panic::AssertUnwindSafe(chore)).is_err() {
+                    tracing::warn!("a timed chore of the control thread failed (a plugin bug)");
+                }
+            } else {
+                i += 1;
+            }
+        }
         let nap = if now_ms() < mb.hurry_until.load(Ordering::Acquire) {
             Duration::from_micros(20)
         } else if busy {

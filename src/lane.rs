@@ -9,9 +9,12 @@
 //! Comms of a device share `NCCL_FABRIC_LANES` receiving and as many sending lanes, handed
 //! out in turn (receiving and sending apart, so two ranks of one process never send to their
 //! own endpoint, which some providers cannot), or get a lane each
-//! (`NCCL_FABRIC_ENDPOINTS=comm`). A lane counts its users (comms and registrations); when
-//! the last one goes it leaves the pool, and its driver closes the endpoint, or, if the
-//! provider still holds operations, is handed to the control thread to finish the job.
+//! (`NCCL_FABRIC_ENDPOINTS=comm`). A lane counts its users (comms and registrations). When
+//! the last user of a shared lane goes, the lane stays in its slot for
+//! `NCCL_FABRIC_LANE_LINGER_MS`, so that the next communicator (NCCL makes and destroys
+//! them one after another) finds it open and connected; a lane idle that long, or one of a
+//! single comm, leaves the pool, and its driver closes the endpoint, or, if the provider
+//! still holds operations, is handed to the control thread to finish the job.
 
 use crate::driver::{Command, Driver, Health, Inbox, Post};
 use crate::endpoint::Endpoint;
@@ -24,6 +27,7 @@ use parking_lot::Mutex;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Weak};
+use std::time::Duration;
 
 /// Which side of a comm pair a lane serves.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -60,6 +64,8 @@ pub struct Lane {
     peers: Mutex<HashMap<Vec<u8>, sys::fi_addr_t>>,
     /// Comms and registrations using the lane (changed under the pool's lock).
     users: AtomicUsize,
+    /// When the last user left (a shared lane lingering in its slot).
+    idle_since: Mutex<Option<std::time::Instant>>,
     pool: Weak<LanePool>,
     /// Its place in the pool (`None`: a lane of one comm).
     slot: Option<usize>,
@@ -235,6 +241,9 @@ impl Lane {
 /// Where a retired lane's driver goes when the provider still holds operations.
 pub type Adopt = Box<dyn Fn(Driver) + Send + Sync>;
 
+/// Runs a job once a delay has passed, on another thread (the control thread).
+pub type Schedule = Box<dyn Fn(Duration, Box<dyn FnOnce() + Send>) + Send + Sync>;
+
 /// What every lane of a device is opened with.
 pub struct LaneConfig {
     /// The device's domain; each lane opens a sibling of it.
@@ -247,6 +256,9 @@ pub struct LaneConfig {
     /// The device's name, for log lines.
     pub label: String,
     pub adopt: Adopt,
+    /// How long a shared lane stays open once its last user has gone (zero: closes at once).
+    pub linger: Duration,
+    pub schedule: Schedule,
 }
 
 /// One role's shared lanes, and which one the next comm gets.
@@ -277,17 +289,30 @@ impl LanePool {
         if self.config.per_comm {
             return self.open(role, None);
         }
+        let mut retired = None;
         let index = {
             let mut slots = self.slots.lock();
             let (lanes, next) = &mut slots[role as usize];
             let index = *next % lanes.len();
             *next = next.wrapping_add(1);
             if let Some(lane) = &lanes[index] {
-                lane.users.fetch_add(1, Ordering::AcqRel);
-                return Ok(lane.clone());
+                if lane.health.broken().is_none() {
+                    lane.users.fetch_add(1, Ordering::AcqRel);
+                    *lane.idle_since.lock() = None;
+                    return Ok(lane.clone());
+                }
+                // A failed endpoint is not handed to new comms: its users keep it, and it
+                // closes with the last of them (or now, if it was lingering).
+                let lane = lanes[index].take().expect("checked");
+                if lane.users.load(Ordering::Acquire) == 0 {
+                    retired = Some(lane);
+                }
             }
             index
         };
+        if let Some(lane) = retired {
+            lane.retire(Some(&self.config.adopt));
+        }
         let fresh = self.open(role, Some(index))?;
         let mut slots = self.slots.lock();
         let slot = &mut slots[role as usize].0[index];
@@ -307,19 +332,68 @@ impl LanePool {
         }
     }
 
-    fn release(&self, lane: &Arc<Lane>) {
-        let last = {
+    fn release(self: &Arc<Self>, lane: &Arc<Lane>) {
+        let linger = self.config.linger;
+        let retire = {
             let mut slots = self.slots.lock();
-            let last = lane.users.fetch_sub(1, Ordering::AcqRel) == 1;
-            if let (true, Some(i)) = (last, lane.slot) {
-                let slot = &mut slots[lane.role as usize].0[i];
-                if slot.as_ref().is_some_and(|l| Arc::ptr_eq(l, lane)) {
-                    *slot = None;
+            if lane.users.fetch_sub(1, Ordering::AcqRel) != 1 {
+                return;
+            }
+            let in_slot = lane.slot.is_some_and(|i| {
+                slots[lane.role as usize].0[i]
+                    .as_ref()
+                    .is_some_and(|l| Arc::ptr_eq(l, lane))
+            });
+            if in_slot && !linger.is_zero() && lane.health.broken().is_none() {
+                *lane.idle_since.lock() = Some(std::time::Instant::now());
+                false
+            } else {
+                if let (true, Some(i)) = (in_slot, lane.slot) {
+                    slots[lane.role as usize].0[i] = None;
+                }
+                true
+            }
+        };
+        if retire {
+            lane.retire(Some(&self.config.adopt));
+            return;
+        }
+        let pool = Arc::downgrade(self);
+        (self.config.schedule)(
+            linger,
+            Box::new(move || {
+                if let Some(pool) = pool.upgrade() {
+                    pool.close_idle();
+                }
+            }),
+        );
+    }
+
+    /// Closes the shared lanes nobody has used for the linger time.
+    fn close_idle(&self) {
+        let linger = self.config.linger;
+        let mut idle = Vec::new();
+        {
+            let mut slots = self.slots.lock();
+            for (lanes, _) in slots.iter_mut() {
+                for slot in lanes.iter_mut() {
+                    let expired = slot.as_ref().is_some_and(|l| {
+                        l.users.load(Ordering::Acquire) == 0
+                            && l.idle_since.lock().is_some_and(|t| t.elapsed() >= linger)
+                    });
+                    if expired {
+                        idle.extend(slot.take());
+                    }
                 }
             }
-            last
-        };
-        if last {
+        }
+        for lane in idle {
+            tracing::debug!(
+                "closing an idle {:?} endpoint on {} (unused for {} ms)",
+                lane.role,
+                self.config.label,
+                linger.as_millis()
+            );
             lane.retire(Some(&self.config.adopt));
         }
     }
@@ -362,6 +436,7 @@ impl LanePool {
             ids: Mutex::new(std::collections::HashSet::new()),
             peers: Mutex::new(HashMap::new()),
             users: AtomicUsize::new(1),
+            idle_since: Mutex::new(None),
             pool: Arc::downgrade(self),
             slot,
         });

@@ -174,6 +174,8 @@ fn open_devices(settings: Settings, discovery: &Discovery, decision: &Decision) 
             per_comm: per_comm(&settings, &c.provider),
             label: c.domain.clone(),
             adopt: Box::new(move |d| crate::control::adopt(d, Instant::now() + close_after)),
+            linger: Duration::from_millis(settings.linger_ms),
+            schedule: Box::new(crate::control::later),
         });
         let liveness = Liveness {
             timeout: Duration::from_millis(settings.peer_timeout_ms),

@@ -32,6 +32,7 @@ pub const EXCLUDE_DOMAINS: &str = "NCCL_FABRIC_EXCLUDE_DOMAINS";
 pub const ENDPOINTS: &str = "NCCL_FABRIC_ENDPOINTS";
 pub const CONNECT_TIMEOUT_MS: &str = "NCCL_FABRIC_CONNECT_TIMEOUT_MS";
 pub const CLOSE_TIMEOUT_MS: &str = "NCCL_FABRIC_CLOSE_TIMEOUT_MS";
+pub const LINGER_MS: &str = "NCCL_FABRIC_LANE_LINGER_MS";
 pub const STALL_WARN_MS: &str = "NCCL_FABRIC_STALL_WARN_MS";
 pub const SPEED_MBPS: &str = "NCCL_FABRIC_SPEED_MBPS";
 pub const ALLOW_TCP_RDM: &str = "NCCL_FABRIC_ALLOW_NATIVE_TCP";
@@ -104,6 +105,14 @@ pub const TABLE: &[Setting] = &[
         meaning: "close returns at once; operations a closed comm left in flight are cancelled \
                   in the background, and an endpoint the provider still holds operations on \
                   is closed after this long regardless (at the last finalize at the latest)",
+    },
+    Setting {
+        name: LINGER_MS,
+        kind: Kind::Number { min: 0, max: 600_000 },
+        default: "5000",
+        meaning: "a shared endpoint (lane) stays open and connected this long after its last \
+                  comm closed, for the next communicator (NCCL creates and destroys them one \
+                  after another); 0 closes it with its last comm",
     },
     Setting {
         name: PEER_TIMEOUT_MS,
@@ -188,6 +197,7 @@ pub struct Settings {
     pub endpoints: EndpointSharing,
     pub connect_timeout_ms: u64,
     pub close_timeout_ms: u64,
+    pub linger_ms: u64,
     pub peer_timeout_ms: u64,
     pub max_recvs: u64,
     pub stall_warn_ms: u64,
@@ -281,6 +291,7 @@ impl Settings {
             },
             connect_timeout_ms: number(CONNECT_TIMEOUT_MS)?,
             close_timeout_ms: number(CLOSE_TIMEOUT_MS)?,
+            linger_ms: number(LINGER_MS)?,
             peer_timeout_ms: number(PEER_TIMEOUT_MS)?,
             max_recvs: number(MAX_RECVS)?,
             stall_warn_ms: number(STALL_WARN_MS)?,

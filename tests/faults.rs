@@ -590,6 +590,16 @@ fn child_prompt_closes() {
     }
     println!("RESULT close_all_ms={}", closing.elapsed().as_millis());
     lib.finalize_v11(ctx).expect("finalize");
+    // Shared lanes outlive their last comm by the linger time (for the next communicator),
+    // then close like any other: what they still hold goes with them.
+    let linger: u64 =
+        std::env::var("NCCL_FABRIC_LANE_LINGER_MS").map_or(5000, |v| v.parse().unwrap());
+    let released = Instant::now() + Duration::from_millis(linger + 2000 + 3000);
+    if linger > 0 {
+        while open_fds() > fds && Instant::now() < released {
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
     let (fds2, files2) = (open_fds(), shm_files());
     println!("RESULT fds={fds}->{fds2} shm_files={files}->{files2}");
     assert!(
@@ -606,13 +616,14 @@ fn child_prompt_closes() {
 #[test]
 fn closing_comms_with_unreceived_sends_is_prompt_and_released_at_finalize() {
     for (p, env) in envs(&[]) {
-        for threads in ["no", "yes"] {
+        for (threads, linger) in [("no", "0"), ("yes", "0"), ("no", "300"), ("yes", "300")] {
             let mut env = env.clone();
             env.push(("NCCL_FABRIC_PROGRESS_THREAD".into(), threads.into()));
+            env.push(("NCCL_FABRIC_LANE_LINGER_MS".into(), linger.into()));
             let f = run_child("child_prompt_closes", &env, scaled(CHILD));
             ok(&f, &p);
             eprintln!(
-                "{p}, progress threads {threads}: closing 8 pairs took {:?} ms; {:?}",
+                "{p}, progress threads {threads}, linger {linger} ms: closing 8 pairs took {:?} ms; {:?}",
                 f.result("close_all_ms"),
                 f.result("fds")
             );

@@ -440,3 +440,75 @@ fn reloading_the_library_leaves_nothing_behind() {
         }
     }
 }
+
+// ---------------------------------------------------------------------------------------
+// Communicators one after another: shared lanes stay open for the next one, then close.
+
+/// One communicator: init, a pair on device 0, 4 × 64 KiB, close, finalize. Returns how
+/// long connecting took.
+fn communicator(lib: &PluginLib, id: u64, until: Instant) -> std::time::Duration {
+    let ctx = lib.init_v11(id, true).expect("init");
+    let start = Instant::now();
+    let (send, recv) = lib.connect_pair(0, until).expect("connect_pair");
+    let took = start.elapsed();
+    transfer(lib, send, recv, 65536, 4, until);
+    lib.close_send(send).expect("closeSend");
+    lib.close_recv(recv).expect("closeRecv");
+    lib.finalize_v11(ctx).expect("finalize");
+    took
+}
+
+#[test]
+#[ignore = "child process of another test"]
+fn child_linger() {
+    let until = until(120.0);
+    let linger: u64 = std::env::var("NCCL_FABRIC_LANE_LINGER_MS")
+        .unwrap()
+        .parse()
+        .unwrap();
+    let lib = plugin_version(11);
+    // The first communicator opens the control endpoint and the lanes.
+    let first = communicator(&lib, 1, until);
+    let after_first = open_fds();
+    let second = communicator(&lib, 2, until);
+    let after_second = open_fds();
+    // Past the linger time the lanes close (the control endpoint stays).
+    std::thread::sleep(std::time::Duration::from_millis(linger + 600));
+    let after_wait = open_fds();
+    let third = communicator(&lib, 3, until);
+    let after_third = open_fds();
+    println!(
+        "RESULT connect_us={},{},{}",
+        first.as_micros(),
+        second.as_micros(),
+        third.as_micros()
+    );
+    println!("RESULT fds={after_first},{after_second},{after_wait},{after_third}");
+    assert_eq!(
+        after_first, after_second,
+        "the second communicator reuses the lanes"
+    );
+    assert!(
+        after_wait < after_second,
+        "idle lanes close after {linger} ms: fds {after_second} -> {after_wait}"
+    );
+    assert_eq!(after_third, after_first, "new lanes, as many as before");
+    println!("RESULT ok=1");
+}
+
+#[test]
+fn lanes_outlive_a_communicator_by_the_linger_time() {
+    // shm gives every comm an endpoint of its own: nothing is shared, nothing lingers.
+    for (p, env) in envs(&[("NCCL_FABRIC_LANE_LINGER_MS", "1000")]) {
+        if p == "shm" {
+            continue;
+        }
+        let f = run_child("child_linger", &env, scaled(CHILD));
+        ok(&f, &format!("lingering lanes over {p}"));
+        eprintln!(
+            "{p}: connect µs {:?}, fds {:?}",
+            f.result("connect_us"),
+            f.result("fds")
+        );
+    }
+}

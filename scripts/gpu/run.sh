@@ -18,6 +18,13 @@
 #   collectives  all_reduce, all_gather, sendrecv, alltoall: Socket, tcp;ofi_rxm, native tcp, shm
 #   mpi          all_reduce_perf as 2 processes (mpirun): Socket, tcp;ofi_rxm, native tcp, shm
 #   torch        torch.distributed all-reduce, 2 processes (torchrun), result checked
+#   torchbw      all-reduce bandwidth at 1 GiB through torch.distributed (torchrun, 2 processes):
+#                Socket (as shipped and 4 threads x 4 sockets), tcp;ofi_rxm, shm; CPU and RSS
+#   churn        40 process groups created, used and destroyed one after another (torchrun,
+#                2 processes): Socket, tcp;ofi_rxm, shm
+#   latency      8-byte all_reduce_perf (-g 2, 2000 iterations): Socket, tcp;ofi_rxm, shm
+#   memory       all_reduce_perf -g 2 with the peak memory broken down by kind of mapping:
+#                Socket, tcp;ofi_rxm and the variants in $MEMORY_RUNS, shm
 #   bound        all_reduce_perf, mpirun -np 2 with its default binding: Socket, the plugin as it
 #                sizes itself, and lane/thread variants
 #   idle         a torch job that all-reduces, idles 10 s and all-reduces again: cores used while
@@ -27,6 +34,9 @@
 #   versions     all_reduce, alltoall and sendrecv through the plugin with every NCCL built by
 #                ncclbuild and with PyTorch's: which table NCCL loaded, #wrong, grouped receives
 #   runs         the runs listed in $RUNS_FILE, one per line: NAME TEST socket|fabric [VAR=VALUE ...]
+#   pack         the libfabric and nccl-tests builds as $OUT/builds.tar.xz, to unpack into
+#                .scratch/gpu-work on the next machine (the libfabric and nccltests stages
+#                then find them built)
 #   all          libfabric nccltests doctor loading collectives variants mpi torch (about 10 min)
 #   issue10      libfabric nccltests compare torch loading
 #
@@ -45,6 +55,8 @@
 #   ITERS, WARMUP     nccl-tests -n / -w (default 10 / 3)
 #   COMPARE_ROUNDS    rounds of the compare stage (default 2)
 #   MINBYTES, MAXBYTES nccl-tests -b / -e (default 1M / 1G)
+#   MPI_RUNS, BOUND_RUNS which runs the mpi and bound stages make (default: all they know)
+#   MEMORY_RUNS   extra runs of the memory stage, NAME:VAR=VALUE,VAR=VALUE (tcp;ofi_rxm)
 set -uo pipefail
 repo=$(cd "$(dirname "$0")/../.." && pwd)
 cd "$repo"
@@ -294,20 +306,22 @@ stage_mpi() {
   table_header "all_reduce_perf, 2 processes (mpirun -np 2, -g 1), P2P and SHM off"
   local name
   local fab=(-x NCCL_NET=Fabric -x NCCL_NET_PLUGIN="$PLUGIN_LIB/libnccl-net-fabric.so")
-  for name in socket rxm tcp shm; do
+  for name in ${MPI_RUNS:-socket socket4x4 rxm tcp shm}; do
     local extra
     case $name in
       socket) extra=(-x NCCL_NET=Socket -x NCCL_NET_PLUGIN=none) ;;
+      socket4x4) extra=(-x NCCL_NET=Socket -x NCCL_NET_PLUGIN=none -x NCCL_SOCKET_NTHREADS=4 -x NCCL_NSOCKS_PERTHREAD=4) ;;
       rxm) extra=("${fab[@]}" -x NCCL_FABRIC_PROVIDER="tcp;ofi_rxm") ;;
       tcp) extra=("${fab[@]}" -x NCCL_FABRIC_PROVIDER=tcp -x NCCL_FABRIC_ALLOW_NATIVE_TCP=yes) ;;
       shm) extra=("${fab[@]}" -x NCCL_FABRIC_PROVIDER=shm) ;;
     esac
-    local logf=$OUT/logs/mpi-$name.log start=$SECONDS
-    timeout -k 10 "$TIMEOUT" mpirun --allow-run-as-root --bind-to none -np 2 \
+    local logf=$OUT/logs/mpi-$name.log start=$SECONDS cost=$OUT/logs/mpi-$name.cost
+    rm -f "$cost"
+    python3 scripts/gpu/measure.py "$cost" timeout -k 10 "$TIMEOUT" mpirun --allow-run-as-root --bind-to none -np 2 \
       -x LD_LIBRARY_PATH -x NCCL_P2P_DISABLE=1 -x NCCL_SHM_DISABLE=1 -x NCCL_NVLS_ENABLE=0 \
       -x NCCL_DEBUG=INFO -x NCCL_DEBUG_SUBSYS=INIT,NET "${extra[@]}" \
       "$dir/all_reduce_perf" -b "$MINBYTES" -e "$MAXBYTES" -f 4 -g 1 -n "$ITERS" -w "$WARMUP" >"$logf" 2>&1
-    row "mpi-$name" all_reduce_perf "$logf" $? $((SECONDS - start))
+    row "mpi-$name" all_reduce_perf "$logf" $? $((SECONDS - start)) "$(cat "$cost" 2>/dev/null)"
   done
 }
 
@@ -320,7 +334,7 @@ stage_bound() {
   table_header "all_reduce_perf, mpirun -np 2 with its default binding (one core per rank), -g 1"
   local fab=(-x NCCL_NET=Fabric -x NCCL_NET_PLUGIN="$PLUGIN_LIB/libnccl-net-fabric.so")
   local name
-  for name in socket rxm rxm-4lanes rxm-2lanes-threads shm shm-threads; do
+  for name in ${BOUND_RUNS:-socket rxm rxm-4lanes rxm-2lanes-threads shm shm-threads}; do
     local extra
     case $name in
       socket) extra=(-x NCCL_NET=Socket -x NCCL_NET_PLUGIN=none) ;;
@@ -434,6 +448,87 @@ stage_idle() {
       torchrun --standalone --nproc_per_node 2 scripts/gpu/torch_idle.py >"$logf" 2>&1
     echo "- $how (rc=$?): $(grep -o 'RESULT.*' "$logf" | tr '\n' ' ')" >>"$summary"
   done
+}
+
+# torchrun_measured NAME SCRIPT [VAR=VALUE ...]: a 2-process torchrun of SCRIPT, timed out at
+# $TIMEOUT, with CPU seconds and peak memory; prints its RESULT lines and cost.
+torchrun_measured() {
+  local name=$1 script=$2
+  shift 2
+  local logf=$OUT/logs/$name.log cost=$OUT/logs/$name.cost start=$SECONDS
+  log "run $name"
+  rm -f "$cost"
+  env NCCL_P2P_DISABLE=1 NCCL_SHM_DISABLE=1 NCCL_DEBUG=INFO NCCL_DEBUG_SUBSYS=INIT,NET "$@" \
+    python3 scripts/gpu/measure.py "$cost" timeout -k 10 "$TIMEOUT" \
+    torchrun --standalone --nproc_per_node 2 "$script" >"$logf" 2>&1
+  echo "- $name (rc=$?, $((SECONDS - start)) s): $(grep -o 'RESULT.*' "$logf" | tr '\n' ' ') $(cat "$cost" 2>/dev/null)"
+}
+
+stage_torchbw() {
+  plugin_env
+  {
+    echo
+    echo "## all_reduce 1 GiB through torch.distributed (torchrun, 2 processes), P2P and SHM off"
+    echo
+    torchrun_measured torchbw-socket scripts/gpu/torch_bw.py $(socket)
+    torchrun_measured torchbw-socket4x4 scripts/gpu/torch_bw.py $(socket) NCCL_SOCKET_NTHREADS=4 NCCL_NSOCKS_PERTHREAD=4
+    torchrun_measured torchbw-rxm scripts/gpu/torch_bw.py $(fabric) NCCL_FABRIC_PROVIDER="tcp;ofi_rxm"
+    torchrun_measured torchbw-shm scripts/gpu/torch_bw.py $(fabric) NCCL_FABRIC_PROVIDER=shm
+  } >>"$summary"
+}
+
+stage_churn() {
+  plugin_env
+  {
+    echo
+    echo "## 40 process groups created, used and destroyed (torchrun, 2 processes), P2P and SHM off"
+    echo
+    torchrun_measured churn-socket scripts/gpu/torch_churn.py $(socket)
+    torchrun_measured churn-rxm scripts/gpu/torch_churn.py $(fabric) NCCL_FABRIC_PROVIDER="tcp;ofi_rxm"
+    torchrun_measured churn-shm scripts/gpu/torch_churn.py $(fabric) NCCL_FABRIC_PROVIDER=shm
+  } >>"$summary"
+}
+
+stage_latency() {
+  plugin_env
+  {
+    echo
+    echo "## 8-byte all_reduce_perf (-g 2, -n 2000 -w 200), P2P and SHM off: time in us (out-of-place, in-place)"
+    echo
+  } >>"$summary"
+  local name logf
+  for name in socket rxm shm; do
+    logf=$OUT/logs/latency-$name.log
+    case $name in
+      socket) set -- $(socket) ;;
+      rxm) set -- $(fabric) NCCL_FABRIC_PROVIDER="tcp;ofi_rxm" ;;
+      shm) set -- $(fabric) NCCL_FABRIC_PROVIDER=shm ;;
+    esac
+    log "run latency-$name"
+    env NCCL_P2P_DISABLE=1 NCCL_SHM_DISABLE=1 NCCL_DEBUG=INFO NCCL_DEBUG_SUBSYS=INIT,NET "$@" \
+      timeout -k 10 "$TIMEOUT" "$NCCL_TESTS_DIR/all_reduce_perf" -b 8 -e 8 -g 2 -n 2000 -w 200 >"$logf" 2>&1
+    echo "- $name (rc=$?): $(awk '$1 == 8 && NF >= 13 {print $6 " / " $10 " us, #wrong " $9 + $13}' "$logf")" >>"$summary"
+  done
+}
+
+stage_memory() {
+  plugin_env
+  table_header "peak memory of all_reduce_perf -g 2 by kind of mapping (anon / gpu / shm / lib / file, MiB), P2P and SHM off"
+  run mem-socket all_reduce_perf $(socket)
+  run mem-socket4x4 all_reduce_perf $(socket) NCCL_SOCKET_NTHREADS=4 NCCL_NSOCKS_PERTHREAD=4
+  run mem-rxm all_reduce_perf $(fabric) NCCL_FABRIC_PROVIDER="tcp;ofi_rxm"
+  local spec
+  for spec in ${MEMORY_RUNS:-}; do
+    # shellcheck disable=SC2046
+    run "mem-rxm-${spec%%:*}" all_reduce_perf $(fabric) NCCL_FABRIC_PROVIDER="tcp;ofi_rxm" $(echo "${spec#*:}" | tr , ' ')
+  done
+  run mem-shm all_reduce_perf $(fabric) NCCL_FABRIC_PROVIDER=shm
+}
+
+stage_pack() {
+  tar -cJf "$OUT/builds.tar.xz" -C "$work" libfabric-cuda/lib libfabric-cuda/bin \
+    nccl-tests/all_reduce_perf nccl-tests-mpi/all_reduce_perf 2>/dev/null
+  log "packed $(du -h "$OUT/builds.tar.xz" | cut -f1)"
 }
 
 stage_torch() {
