@@ -356,12 +356,20 @@ impl Comm {
         let healthy =
             |c: &Comm| !c.failed.load(Ordering::Acquire) && c.peer.liveness.dead().is_none();
         let sink = (self.dir == Direction::Recv && healthy(&self)).then(|| {
-            let comm = self.clone();
+            // The sink must not keep the comm (its requests) alive: a weak reference to
+            // see a failure while the comm still exists, then the peer's liveness alone.
+            let comm = Arc::downgrade(&self);
+            let peer = self.peer.liveness.clone();
             SinkSpec {
                 src: self.lane.source(self.peer.addr),
                 tag: self.lane.tags.data(self.id, 0, 0),
                 ignore: self.lane.tags.below_id(),
-                alive: Box::new(move || healthy(&comm)),
+                alive: Box::new(move || {
+                    peer.dead().is_none()
+                        && comm
+                            .upgrade()
+                            .map_or(true, |c| !c.failed.load(Ordering::Acquire))
+                }),
             }
         });
         self.lane.retire_owner(owner_key(&owner), sink);

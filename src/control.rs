@@ -442,7 +442,7 @@ enum Job {
         purpose: Purpose,
     },
     Adopt(Driver, Instant),
-    Flush(std::sync::mpsc::Sender<()>),
+    Flush,
     Later(Instant, Chore),
 }
 
@@ -514,14 +514,11 @@ pub fn later(delay: Duration, chore: Chore) {
     mailbox().push(Job::Later(Instant::now() + delay, chore));
 }
 
-/// Closes every adopted endpoint now (at finalize); waits for the control thread, at most
-/// a few seconds.
+/// At the last finalize: every adopted endpoint closes within [`FLUSH_WAIT`], once its sinks
+/// have been quiet for a moment, without finalize waiting for it (a communicator made right
+/// after must not pay for the last one's leftovers).
 pub fn flush() {
-    let (tx, rx) = std::sync::mpsc::channel();
-    mailbox().push(Job::Flush(tx));
-    if rx.recv_timeout(Duration::from_secs(10)).is_err() {
-        tracing::warn!("the control thread did not close leftover endpoints within 10 s");
-    }
+    mailbox().push(Job::Flush);
 }
 
 fn run(mb: &'static Mailbox) {
@@ -546,16 +543,11 @@ fn run(mb: &'static Mailbox) {
                 },
                 Job::Adopt(d, deadline) => adopted.push((d, deadline)),
                 Job::Later(at, chore) => chores.push((at, chore)),
-                Job::Flush(done) => {
-                    let until = Instant::now() + FLUSH_WAIT;
-                    while !adopted.is_empty() && Instant::now() < until {
-                        adopted.retain_mut(|(d, _)| !d.wind_down(SINKS_QUIET));
-                        std::thread::sleep(Duration::from_millis(1));
+                Job::Flush => {
+                    let by = Instant::now() + FLUSH_WAIT;
+                    for (_, deadline) in &mut adopted {
+                        *deadline = (*deadline).min(by);
                     }
-                    for (d, _) in adopted.drain(..) {
-                        close_adopted(d);
-                    }
-                    let _ = done.send(());
                 }
             }
         }

@@ -54,6 +54,9 @@ struct Sink {
     posted_at: Instant,
 }
 
+/// Sinks one endpoint keeps at most (the oldest is cancelled for a new one).
+const MAX_SINKS: usize = 32;
+
 /// How long a sink waits for a closed comm's stragglers.
 const SINK_LIFETIME: Duration = Duration::from_millis(if cfg!(test) { 200 } else { 5000 });
 
@@ -292,6 +295,11 @@ impl Driver {
                 Command::Retire { owner: key, sink } => {
                     let usable = |s: &SinkSpec| self.queue.endpoint().overflow && (s.alive)();
                     if let Some(spec) = sink.filter(usable) {
+                        // Communicators come and go on a lingering lane: the oldest sinks
+                        // give way rather than pile up.
+                        if self.sinks.len() >= MAX_SINKS {
+                            self.expire_oldest_sink();
+                        }
                         let sink = Sink {
                             op: Arc::default(),
                             spec,
@@ -620,7 +628,22 @@ impl Driver {
         });
     }
 
-    /// Posts again each sink that took in a message, while it has messages left.
+    /// Ends the oldest sink that is still taking messages: cancelled if posted (its
+    /// cancellation ends it), or not posted again.
+    fn expire_oldest_sink(&mut self) {
+        if let Some(s) = self
+            .sinks
+            .iter_mut()
+            .filter(|s| s.left > 1)
+            .min_by_key(|s| s.posted_at)
+        {
+            s.left = 1;
+            if s.op.op.status() == Status::Posted {
+                self.queue.cancel(s.op.op.context() as usize);
+            }
+        }
+    }
+
     /// Posts again each sink that took in a message, while it has messages left; cancels
     /// one that waited [`SINK_LIFETIME`] for nothing (its cancellation ends it).
     fn renew_sinks(&mut self) {
