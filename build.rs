@@ -127,7 +127,6 @@ fn check_nccl_header(out: &Path) {
     .unwrap_or_else(|e| fail(&format!("cannot write {}: {e}", check.display())));
     cc::Build::new()
         .file(&check)
-        .file("src/c/host_logger.c")
         .include("include")
         .compile("nccl_net_check");
 }
@@ -136,7 +135,6 @@ fn main() {
     println!("cargo:rerun-if-changed=include/fabric.h");
     println!("cargo:rerun-if-changed=include/nccl_net.h");
     println!("cargo:rerun-if-changed=build.rs");
-    println!("cargo:rerun-if-changed=src/c/host_logger.c");
     println!("cargo:rerun-if-changed=src/c/mr_reg.c");
     println!("cargo::rustc-check-cfg=cfg(fi_has_cuda_api_permitted)");
 

@@ -6,7 +6,7 @@
 //!
 //! `cargo bench --bench connect` (N = 4, 8, 16 on `tcp;ofi_rxm` and `shm`); `-- PROVIDER N…`.
 
-use nccl_net_fabric::host::{handle_from_hex, handle_to_hex, PluginLib, Ptr};
+use nccl_net_host::{handle_from_hex, handle_to_hex, PluginLib, Ptr};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};

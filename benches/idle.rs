@@ -5,7 +5,7 @@
 //! `cargo bench --bench idle` (each configuration in its own process; `-- PROVIDER THREADS`
 //! runs one). Not a test: the figures depend on the machine.
 
-use nccl_net_fabric::host::PluginLib;
+use nccl_net_host::PluginLib;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
@@ -50,7 +50,7 @@ fn measure() {
                     recv,
                     b.as_mut_ptr().cast(),
                     1 << 20,
-                    nccl_net_fabric::host::Ptr(std::ptr::null_mut()),
+                    nccl_net_host::Ptr(std::ptr::null_mut()),
                     until,
                 )
                 .expect("irecv");
@@ -59,7 +59,7 @@ fn measure() {
                     send,
                     a.as_mut_ptr().cast(),
                     1 << 20,
-                    nccl_net_fabric::host::Ptr(std::ptr::null_mut()),
+                    nccl_net_host::Ptr(std::ptr::null_mut()),
                     until,
                 )
                 .expect("isend");

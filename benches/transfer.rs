@@ -10,11 +10,11 @@
 use nccl_net_fabric::discover::discover;
 use nccl_net_fabric::endpoint::{Endpoint, Event, Queue};
 use nccl_net_fabric::fabric::{runtime_version, version_string, Domain, Fabric};
-use nccl_net_fabric::host::{PluginLib, Ptr};
 use nccl_net_fabric::nccl::PTR_HOST;
 use nccl_net_fabric::op::{Op, Status};
 use nccl_net_fabric::provider::decide;
 use nccl_net_fabric::settings::Settings;
+use nccl_net_host::{PluginLib, Ptr};
 use std::collections::VecDeque;
 use std::ffi::c_void;
 use std::process::Command;

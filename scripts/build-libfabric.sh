@@ -48,11 +48,14 @@ elif [ ! -f "$tarball" ] || ! echo "$sha256  $tarball" | sha256sum -c --quiet - 
   echo "deb-src $mirror trixie main" > "$aptdir/sources.list"
   opts=(-o "Dir::Etc::SourceList=$aptdir/sources.list" -o "Dir::Etc::SourceParts=/dev/null"
         -o "Dir::State::Lists=$aptdir/lists" -o "Debug::NoLocking=1")
-  log "fetching libfabric $version source from trixie"
-  apt-get "${opts[@]}" update -q >&2
-  # The .dsc and .debian.tar.xz may be missing on the mirror; the orig tarball is all we need.
-  (cd "$work" && apt-get "${opts[@]}" source --download-only libfabric >&2) || true
+  log "fetching libfabric $version source from trixie (apt's output: $work/apt.log)"
+  apt-get "${opts[@]}" update -q >"$work/apt.log" 2>&1 \
+    || { tail -n 20 "$work/apt.log" >&2; log "apt-get update failed"; exit 1; }
+  # The .dsc and .debian.tar.xz may be missing on the mirror (apt then reports 404s, and
+  # that it downloads unsandboxed as root): the orig tarball is all that is needed.
+  (cd "$work" && apt-get "${opts[@]}" source --download-only libfabric >>"$work/apt.log" 2>&1) || true
   if [ ! -f "$work/libfabric_$version.orig.tar.xz" ]; then
+    tail -n 20 "$work/apt.log" >&2
     log "apt-get source did not deliver libfabric_$version.orig.tar.xz"
     exit 1
   fi

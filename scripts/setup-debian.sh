@@ -26,6 +26,11 @@ fi
 
 SUDO=""
 [ "$(id -u)" -eq 0 ] || SUDO="sudo"
-echo "setup-debian: installing ${missing[*]}"
-$SUDO apt-get update -q
-DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -q --no-install-recommends "${missing[@]}"
+log=${TMPDIR:-/tmp}/nccl-net-fabric-setup-debian.log
+echo "setup-debian: installing ${missing[*]} (apt's output: $log)"
+if ! { $SUDO apt-get update -q && DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -q \
+      --no-install-recommends "${missing[@]}"; } >"$log" 2>&1; then
+  tail -n 30 "$log" >&2
+  echo "setup-debian: apt-get failed (full output in $log)" >&2
+  exit 1
+fi

@@ -13,8 +13,8 @@ bash scripts/setup-debian.sh
 prefix=$(bash scripts/build-libfabric.sh)
 
 echo "== format and lint"
-cargo fmt --check
-cargo clippy --all-targets --quiet -- -D warnings
+cargo fmt --all --check
+cargo clippy --workspace --all-targets --quiet -- -D warnings
 
 echo "== tests against libfabric $(pkg-config --modversion libfabric) (system)"
 cargo test

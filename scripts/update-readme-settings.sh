@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
 # Rewrites the README's settings table from the code's settings table
-# (`nccl-net-fabric settings`); tests/loading.rs checks the two agree.
+# (`nccl-net-fabric settings --markdown`); tests/loading.rs checks the two agree.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 cargo build --quiet --bin nccl-net-fabric
-table=$(target/debug/nccl-net-fabric settings)
+table=$(target/debug/nccl-net-fabric settings --markdown)
 python3 - "$table" <<'PY'
 import sys
 table = sys.argv[1] + "\n"

@@ -115,14 +115,19 @@ pub fn discover(settings: &Settings) -> Result<Discovery> {
                     c.setopt = Some(answer);
                 }
                 tracing::trace!(
-                    "candidate {} / {} / {} ({:?} pass): caps {:#x}, mr_mode {:#x}, setopt {:?}",
+                    "candidate {} / {} / {} ({:?} pass): caps {:#x}, mr_mode {:#x}, \
+                     setopt(FI_OPT_CUDA_API_PERMITTED=false) {}",
                     c.provider,
                     c.fabric,
                     c.domain,
                     pass,
                     c.caps,
                     c.mr_mode,
-                    c.setopt
+                    match &c.setopt {
+                        Some(Ok(r)) => crate::provider::errno_name(*r),
+                        Some(Err(e)) => format!("not answered: the probe endpoint failed ({e})"),
+                        None => "not asked (the settings exclude it)".into(),
+                    }
                 );
                 candidates.push(c);
                 at.push((lists.len(), entry));

@@ -15,7 +15,9 @@
 //!   need); [`handshake`] (wire records); [`settings`].
 //! - [`endpoint`], [`fabric`], [`sys`]: libfabric itself; [`address`]: what a peer address
 //!   must look like before libfabric sees it.
-//! - [`host`]: the NCCL side of the ABI, for the demo, the tests and the benchmarks.
+//!
+//! The NCCL side of the ABI, which the tool, the tests and the benchmarks drive the plugin
+//! through, is the separate crate `nccl-net-host` (`host/`), kept out of the shipped library.
 
 pub mod address;
 pub mod comm;
@@ -29,7 +31,6 @@ pub mod error;
 pub mod exports;
 pub mod fabric;
 pub mod handshake;
-pub mod host;
 pub mod lane;
 pub mod log;
 pub mod mr;

@@ -73,6 +73,9 @@ pub fn init() -> Result<Arc<Plugin>> {
         return Ok(p);
     }
     let settings = Settings::from_env()?;
+    for warning in crate::settings::unknown_in_env() {
+        tracing::warn!("{warning}");
+    }
     let defaults = crate::quirks::apply_defaults();
     let discovery = discover(&settings)?;
     let decision = decide(&discovery.candidates, &settings);

@@ -6,7 +6,7 @@
 //! provider and domains become NCCL devices, whether NCCL may pass GPU pointers, and why,
 //! with one reason per candidate.
 
-use crate::settings::{matches_pattern, HmemMode, Settings};
+use crate::settings::{matches_pattern, HmemMode, Settings, PROVIDER};
 use crate::sys;
 
 /// Which `fi_getinfo` pass found a candidate.
@@ -128,32 +128,44 @@ pub enum Failure {
 
 /// Settings-only filter, applied before probing: `Err(reason)` rejects the candidate.
 pub fn admissible(provider: &str, domain: &str, settings: &Settings) -> Result<(), String> {
+    admission(provider, domain, settings).1
+}
+
+/// The settings' filters in turn, what the user selected first (provider, domains), then
+/// what is refused (native tcp, excluded domains): how many a candidate passed, and the
+/// verdict. A candidate that got further came closer to being used.
+fn admission(provider: &str, domain: &str, settings: &Settings) -> (usize, Result<(), String>) {
     if !settings.providers.is_empty() && !settings.providers.iter().any(|p| p == provider) {
-        return Err(format!(
+        let why = format!(
             "not in NCCL_FABRIC_PROVIDER={}",
             settings.providers.join(",")
-        ));
+        );
+        return (0, Err(why));
+    }
+    if !settings.domains.is_empty() && !settings.domains.iter().any(|p| matches_pattern(p, domain))
+    {
+        let why = format!(
+            "domain not in NCCL_FABRIC_DOMAINS={}",
+            settings.domains.join(",")
+        );
+        return (1, Err(why));
     }
     if let Some(why) = crate::quirks::native_tcp_refusal(provider, settings.allow_native_tcp) {
-        return Err(why.into());
+        return (2, Err(why.into()));
     }
     if let Some(p) = settings
         .exclude_domains
         .iter()
         .find(|p| matches_pattern(p, domain))
     {
-        return Err(format!(
-            "domain excluded by NCCL_FABRIC_EXCLUDE_DOMAINS ({p})"
-        ));
+        return (
+            3,
+            Err(format!(
+                "domain excluded by NCCL_FABRIC_EXCLUDE_DOMAINS ({p})"
+            )),
+        );
     }
-    if !settings.domains.is_empty() && !settings.domains.iter().any(|p| matches_pattern(p, domain))
-    {
-        return Err(format!(
-            "domain not in NCCL_FABRIC_DOMAINS={}",
-            settings.domains.join(",")
-        ));
-    }
-    Ok(())
+    (4, Ok(()))
 }
 
 /// Decides. Pure: same candidates and settings, same decision.
@@ -212,8 +224,10 @@ pub fn decide(candidates: &[Candidate], settings: &Settings) -> Decision {
     let mut failure = None;
     if settings.hmem == HmemMode::Require && gpu_ok.is_empty() {
         failure = Some(Failure::HmemRequired(format!(
-            "NCCL_FABRIC_HMEM=require but no provider can carry GPU buffers: {}",
-            explain_all(candidates, &verdicts)
+            "NCCL_FABRIC_HMEM=require but no provider can carry GPU buffers: {}; set \
+             NCCL_FABRIC_HMEM=auto to run with host buffers",
+            closest(candidates, &verdicts, settings, |c| c.pass == Pass::Hmem
+                && c.hmem_offered())
         )));
     }
 
@@ -257,16 +271,28 @@ pub fn decide(candidates: &[Candidate], settings: &Settings) -> Decision {
                 }
             }
         } else {
+            let mut asked = String::new();
+            if !settings.providers.is_empty() {
+                asked += &format!(", {PROVIDER}={}", settings.providers.join(","));
+            }
+            if let Ok(p) = std::env::var("FI_PROVIDER") {
+                asked += &format!(", FI_PROVIDER={p}");
+            }
             failure = Some(Failure::NoProvider(format!(
-                "no libfabric provider matched (FI_EP_RDM with FI_TAGGED|FI_MSG{}): {}",
-                match std::env::var("FI_PROVIDER") {
-                    Ok(p) => format!(", FI_PROVIDER={p}"),
-                    Err(_) => String::new(),
-                },
+                "no libfabric provider matched (FI_EP_RDM with FI_TAGGED|FI_MSG{asked}): {}",
                 if candidates.is_empty() {
-                    "fi_getinfo returned nothing".to_string()
+                    let named = match (
+                        settings.providers.is_empty(),
+                        std::env::var_os("FI_PROVIDER"),
+                    ) {
+                        (true, None) => String::new(),
+                        _ => " for the providers named (check their spelling: `fi_info -l` \
+                              lists those this libfabric has)"
+                            .to_string(),
+                    };
+                    format!("fi_getinfo returned nothing{named}")
                 } else {
-                    explain_all(candidates, &verdicts)
+                    closest(candidates, &verdicts, settings, |c| c.setopt.is_some())
                 }
             )));
         }
@@ -280,7 +306,15 @@ pub fn decide(candidates: &[Candidate], settings: &Settings) -> Decision {
         } else if usable.contains(&i) {
             let c = &candidates[i];
             let why = if c.provider != provider {
-                format!("provider {provider} preferred")
+                let chosen = devices.first().map(|&d| &candidates[d]);
+                let rule = if !settings.providers.is_empty() {
+                    format!("earlier in {PROVIDER}")
+                } else if chosen.is_some_and(|d| !d.local_only()) && c.local_only() {
+                    "network providers come before single-host ones".into()
+                } else {
+                    "earlier in fi_getinfo's order".into()
+                };
+                format!("provider {provider} preferred ({rule})")
             } else if want_gpu != (c.pass == Pass::Hmem) {
                 format!(
                     "{} pass entry not used",
@@ -308,18 +342,37 @@ pub fn decide(candidates: &[Candidate], settings: &Settings) -> Decision {
     }
 }
 
-fn explain_all(candidates: &[Candidate], verdicts: &[Verdict]) -> String {
-    candidates
-        .iter()
-        .zip(verdicts)
-        .map(|(c, v)| {
-            format!(
-                "[{} {} ({:?} pass): {}]",
-                c.provider, c.domain, c.pass, v.reason
-            )
+/// Why nothing qualified, in one short sentence: how many candidates, the closest one with
+/// its verdict, and where the full list is.
+fn closest(
+    candidates: &[Candidate],
+    verdicts: &[Verdict],
+    settings: &Settings,
+    preferred: impl Fn(&Candidate) -> bool,
+) -> String {
+    // Furthest through the settings' filters, then `preferred`, then fi_getinfo's order.
+    let pick = (0..candidates.len())
+        .max_by_key(|&i| {
+            let c = &candidates[i];
+            let depth = admission(&c.provider, &c.domain, settings).0;
+            (depth, preferred(c), std::cmp::Reverse(i))
         })
-        .collect::<Vec<_>>()
-        .join(" ")
+        .unwrap_or(0);
+    let (c, v) = (&candidates[pick], &verdicts[pick]);
+    let alike = verdicts.iter().filter(|w| w.reason == v.reason).count() - 1;
+    format!(
+        "{} candidate(s), closest {} on {} ({:?} pass): {}{}; `nccl-net-fabric doctor` (or \
+         NCCL_DEBUG=TRACE) lists every candidate",
+        candidates.len(),
+        c.provider,
+        c.domain,
+        c.pass,
+        v.reason,
+        match alike {
+            0 => String::new(),
+            n => format!(" (so were {n} more)"),
+        }
+    )
 }
 
 fn hmem_reason(

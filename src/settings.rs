@@ -104,7 +104,7 @@ pub const TABLE: &[Setting] = &[
         default: "2000",
         meaning: "close returns at once; operations a closed comm left in flight are cancelled \
                   in the background, and an endpoint the provider still holds operations on \
-                  is closed after this long regardless (at the last finalize at the latest)",
+                  is closed after this long regardless (within 2 s of the last finalize)",
     },
     Setting {
         name: LINGER_MS,
@@ -315,6 +315,77 @@ impl Settings {
     }
 }
 
+/// One setting as this environment has it: the raw value (if set), and the value in effect
+/// or why the raw one is refused.
+pub struct Current {
+    pub setting: &'static Setting,
+    pub raw: Option<String>,
+    pub effective: std::result::Result<String, String>,
+}
+
+/// Every setting as `lookup` (the environment) has it.
+pub fn current(lookup: impl Fn(&str) -> Option<String>) -> Vec<Current> {
+    TABLE
+        .iter()
+        .map(|s| Current {
+            setting: s,
+            raw: lookup(s.name),
+            effective: value(&lookup, s.name).map_err(|e| e.to_string()),
+        })
+        .collect()
+}
+
+/// The `NCCL_FABRIC_*` names among `names` that are no setting, each with the setting it
+/// most likely meant (a few letters apart), if any.
+pub fn unknown_names(
+    names: impl IntoIterator<Item = String>,
+) -> Vec<(String, Option<&'static str>)> {
+    names
+        .into_iter()
+        .filter(|n| n.starts_with("NCCL_FABRIC_") && !TABLE.iter().any(|s| s.name == n))
+        .map(|n| {
+            let closest = TABLE
+                .iter()
+                .map(|s| (edit_distance(&n, s.name), s.name))
+                .min()
+                .filter(|&(d, _)| d <= 4)
+                .map(|(_, name)| name);
+            (n, closest)
+        })
+        .collect()
+}
+
+/// One line per misspelled or unknown `NCCL_FABRIC_*` variable of this environment.
+pub fn unknown_in_env() -> Vec<String> {
+    unknown_names(std::env::vars_os().filter_map(|(k, _)| k.into_string().ok()))
+        .into_iter()
+        .map(|(name, closest)| match closest {
+            Some(c) => format!("{name} is not a setting of this plugin and is ignored: did you mean {c}?"),
+            None => format!(
+                "{name} is not a setting of this plugin and is ignored (`nccl-net-fabric settings` lists them)"
+            ),
+        })
+        .collect()
+}
+
+/// Levenshtein distance (insertions, deletions, substitutions), by bytes.
+fn edit_distance(a: &str, b: &str) -> usize {
+    let (a, b) = (a.as_bytes(), b.as_bytes());
+    let mut row: Vec<usize> = (0..=b.len()).collect();
+    for (i, &x) in a.iter().enumerate() {
+        let mut diagonal = row[0];
+        row[0] = i + 1;
+        for (j, &y) in b.iter().enumerate() {
+            let above = row[j + 1];
+            row[j + 1] = (diagonal + usize::from(x != y))
+                .min(above + 1)
+                .min(row[j] + 1);
+            diagonal = above;
+        }
+    }
+    row[b.len()]
+}
+
 /// Lanes and progress threads for this process: [`sizing_for`] its share of the CPUs.
 fn auto_sizing() -> (usize, bool) {
     sizing_for(cpus_per_rank())
@@ -514,5 +585,29 @@ mod tests {
     #[test]
     fn choices_ignore_case() {
         assert_eq!(parse(&[(HMEM, "Require")]).unwrap().hmem, HmemMode::Require);
+    }
+
+    #[test]
+    fn misspelled_names_point_to_the_setting() {
+        let found = unknown_names(
+            [
+                "NCCL_FABRIC_HEMM",
+                "NCCL_FABRIC_HMEM",
+                "NCCL_FABRIC_ZZZZZZZZZZZZ",
+                "NCCL_DEBUG",
+            ]
+            .map(String::from),
+        );
+        assert_eq!(
+            found,
+            vec![
+                ("NCCL_FABRIC_HEMM".to_string(), Some(HMEM)),
+                ("NCCL_FABRIC_ZZZZZZZZZZZZ".to_string(), None)
+            ]
+        );
+        assert_eq!(
+            unknown_names(["NCCL_FABRIC_LANE".to_string()])[0].1,
+            Some(LANES)
+        );
     }
 }

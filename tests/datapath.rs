@@ -7,8 +7,8 @@
 mod common;
 
 use common::*;
-use nccl_net_fabric::host::{handle_from_hex, handle_to_hex, PluginLib, Ptr};
 use nccl_net_fabric::nccl::{NcclResult, NET_HANDLE_MAXSIZE, PTR_HOST};
+use nccl_net_host::{handle_from_hex, handle_to_hex, PluginLib, Ptr};
 use std::collections::VecDeque;
 use std::time::{Duration, Instant};
 
@@ -549,7 +549,7 @@ fn fifty_connect_close_cycles_without_growth() {
 #[ignore = "child process of another test"]
 fn child_bad_handles() {
     let lib = init();
-    let code = |r: Result<Option<Ptr>, nccl_net_fabric::host::CallError>| match r {
+    let code = |r: Result<Option<Ptr>, nccl_net_host::CallError>| match r {
         Ok(_) => panic!("connect accepted a bad handle"),
         Err(e) => e.code,
     };

@@ -7,7 +7,7 @@
 //! 3. a connect that gave up before the listener (same process) called accept;
 //! 4. comm pairs closing while another pair streams on the same endpoints (progress threads);
 //! 5. handles naming this process's own closed endpoints; abandoned connects;
-//! 6. closes with sends nobody will receive, and release at finalize;
+//! 6. closes with sends nobody will receive, and release after finalize;
 //! 7. a stranger speaking raw libfabric to the endpoints;
 //! 8. a stale request pointer.
 //!
@@ -20,8 +20,8 @@ use common::scenario::*;
 use common::stranger::Stranger;
 use common::*;
 use nccl_net_fabric::handshake::{Handle, Identity, Kind, Record, MSG_SIZE};
-use nccl_net_fabric::host::{handle_from_hex, handle_to_hex, CallError, PluginLib, Ptr};
 use nccl_net_fabric::nccl::{NcclResult, NET_HANDLE_MAXSIZE, PTR_HOST};
+use nccl_net_host::{handle_from_hex, handle_to_hex, CallError, PluginLib, Ptr};
 use std::time::{Duration, Instant};
 
 const CHILD: f64 = 120.0;
@@ -529,7 +529,7 @@ fn crafted_handles_fail_fast_and_block_no_other_connect() {
 }
 
 // ---------------------------------------------------------------------------------------
-// 6. Closes with sends nobody will receive: prompt, and released at finalize.
+// 6. Closes with sends nobody will receive: prompt, and released after finalize.
 
 fn shm_files() -> usize {
     let mine = format!("{}-", std::process::id());
@@ -547,15 +547,18 @@ fn shm_files() -> usize {
 fn child_prompt_closes() {
     let lib = plugin_version(11);
     let deadline = until(60.0);
-    // Warm up, as a first communicator: the control endpoint opens with the first listen
-    // and stays; its lanes go at its finalize.
+    // The control endpoint opens with the first listen and stays: what is open then is
+    // what must be left at the end.
     let ctx = lib.init_v11(6, true).expect("init (v11)");
+    let (_, listen) = lib.listen(0).expect("listen");
+    lib.close_listen(listen).expect("closeListen");
+    let (fds, files) = (open_fds(), shm_files());
+    // A first communicator, whose lanes the second one may find still open.
     let (s, r) = lib.connect_pair(0, deadline).expect("connect_pair");
     lib.close_send(s).expect("closeSend");
     lib.close_recv(r).expect("closeRecv");
     lib.finalize_v11(ctx).expect("finalize");
     let ctx = lib.init_v11(7, true).expect("init (v11)");
-    let (fds, files) = (open_fds(), shm_files());
     let pairs: Vec<(Ptr, Ptr)> = (0..8)
         .map(|_| lib.connect_pair(0, deadline).expect("connect_pair"))
         .collect();
@@ -590,15 +593,14 @@ fn child_prompt_closes() {
     }
     println!("RESULT close_all_ms={}", closing.elapsed().as_millis());
     lib.finalize_v11(ctx).expect("finalize");
-    // Shared lanes outlive their last comm by the linger time (for the next communicator),
-    // then close like any other: what they still hold goes with them.
+    // Finalize returns at once; endpoints that still hold operations close in the
+    // background within 2 s, and shared lanes outlive their last comm by the linger time
+    // (for the next communicator), then close like any other.
     let linger: u64 =
         std::env::var("NCCL_FABRIC_LANE_LINGER_MS").map_or(5000, |v| v.parse().unwrap());
-    let released = Instant::now() + Duration::from_millis(linger + 2000 + 3000);
-    if linger > 0 {
-        while open_fds() > fds && Instant::now() < released {
-            std::thread::sleep(Duration::from_millis(50));
-        }
+    let released = Instant::now() + Duration::from_millis(linger + 2000) + scaled(3.0);
+    while (open_fds() > fds || shm_files() > files) && Instant::now() < released {
+        std::thread::sleep(Duration::from_millis(20));
     }
     let (fds2, files2) = (open_fds(), shm_files());
     println!("RESULT fds={fds}->{fds2} shm_files={files}->{files2}");
@@ -614,7 +616,7 @@ fn child_prompt_closes() {
 }
 
 #[test]
-fn closing_comms_with_unreceived_sends_is_prompt_and_released_at_finalize() {
+fn closing_comms_with_unreceived_sends_is_prompt_and_released_after_finalize() {
     for (p, env) in envs(&[]) {
         for (threads, linger) in [("no", "0"), ("yes", "0"), ("no", "300"), ("yes", "300")] {
             let mut env = env.clone();

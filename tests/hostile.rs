@@ -21,9 +21,9 @@ use common::stranger::{Outcome, Stranger};
 use common::*;
 use nccl_net_fabric::control::CONTROL_TAG;
 use nccl_net_fabric::handshake::{Handle, Kind, Record};
-use nccl_net_fabric::host::{handle_from_hex, handle_to_hex};
 use nccl_net_fabric::nccl::{NcclResult, NET_HANDLE_MAXSIZE};
 use nccl_net_fabric::tags::Tags;
+use nccl_net_host::{handle_from_hex, handle_to_hex};
 use std::sync::mpsc::Receiver;
 use std::time::{Duration, Instant};
 

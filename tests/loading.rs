@@ -12,7 +12,7 @@ const T: Duration = Duration::from_secs(60);
 
 #[test]
 fn only_the_table_is_exported() {
-    let path = nccl_net_fabric::host::PluginLib::default_path();
+    let path = nccl_net_host::PluginLib::default_path();
     let out = Command::new("nm")
         .args(["-D", "--defined-only"])
         .arg(&path)
@@ -52,7 +52,7 @@ fn only_the_table_is_exported() {
 fn soname_is_what_ld_preload_needs() {
     let out = Command::new("readelf")
         .arg("-d")
-        .arg(nccl_net_fabric::host::PluginLib::default_path())
+        .arg(nccl_net_host::PluginLib::default_path())
         .output()
         .expect("readelf");
     let text = String::from_utf8_lossy(&out.stdout);
@@ -68,7 +68,7 @@ fn soname_is_what_ld_preload_needs() {
 #[ignore = "child process of another test"]
 fn child_failed_init_then_dlclose() {
     let path = std::ffi::CString::new(
-        nccl_net_fabric::host::PluginLib::default_path()
+        nccl_net_host::PluginLib::default_path()
             .to_string_lossy()
             .as_bytes(),
     )
@@ -279,7 +279,7 @@ fn readme_settings_table_matches_the_code() {
     let readme = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/README.md"))
         .expect("README.md");
     let table = nccl_net_fabric::settings::markdown_table();
-    assert!(readme.contains(&table), "README's settings table is out of date: regenerate it with `nccl-net-fabric settings`\n{table}");
+    assert!(readme.contains(&table), "README's settings table is out of date: regenerate it with `scripts/update-readme-settings.sh`\n{table}");
 }
 
 /// Child: the v11 table as NCCL 2.28 drives it: init per communicator with a context,
@@ -289,7 +289,7 @@ fn readme_settings_table_matches_the_code() {
 fn child_v11() {
     let lib = plugin();
     let path = std::ffi::CString::new(
-        nccl_net_fabric::host::PluginLib::default_path()
+        nccl_net_host::PluginLib::default_path()
             .to_string_lossy()
             .as_bytes(),
     )

@@ -7,8 +7,8 @@ mod common;
 
 use common::scenario::*;
 use common::*;
-use nccl_net_fabric::host::{PluginLib, Ptr, RecvBuffer, VERSIONS};
 use nccl_net_fabric::nccl::{profiler, ProfilerDescrV1};
+use nccl_net_host::{PluginLib, Ptr, RecvBuffer, VERSIONS};
 use std::ffi::c_void;
 use std::sync::Mutex;
 use std::time::Instant;

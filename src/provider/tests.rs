@@ -131,14 +131,22 @@ fn probe_failure_rejects_with_the_error() {
 }
 
 #[test]
-fn require_fails_listing_every_candidate() {
+fn require_fails_naming_the_closest_candidate() {
     let d = decide(&world(EINVAL), &settings("require"));
     let Some(Failure::HmemRequired(text)) = d.failure else {
         panic!("expected failure")
     };
-    assert!(text.contains("gpuprov nic0"), "{text}");
-    assert!(text.contains("tcp;ofi_rxm eth0"), "{text}");
+    // The FI_HMEM entry, not the host-only ones: it came closest.
+    assert!(
+        text.contains("closest gpuprov on nic0 (Hmem pass)"),
+        "{text}"
+    );
+    assert!(
+        !text.contains("tcp;ofi_rxm"),
+        "one candidate, not all: {text}"
+    );
     assert!(text.contains("no CUDA library or device"), "{text}");
+    assert!(text.contains("NCCL_FABRIC_HMEM=auto"), "{text}");
     assert!(d.devices.is_empty());
 
     let d = decide(&world(0), &settings("require"));

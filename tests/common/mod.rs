@@ -10,7 +10,7 @@ pub mod corpus;
 pub mod scenario;
 pub mod stranger;
 
-use nccl_net_fabric::host::PluginLib;
+use nccl_net_host::PluginLib;
 use std::io::{BufRead, BufReader, Read, Write};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -340,18 +340,11 @@ pub fn meet_peer(
     lib: &PluginLib,
     deadline: Instant,
     accept_first: bool,
-) -> (
-    nccl_net_fabric::host::Ptr,
-    nccl_net_fabric::host::Ptr,
-    nccl_net_fabric::host::Ptr,
-) {
+) -> (nccl_net_host::Ptr, nccl_net_host::Ptr, nccl_net_host::Ptr) {
     let (handle, listen) = lib.listen(0).expect("listen");
-    println!(
-        "RESULT handle={}",
-        nccl_net_fabric::host::handle_to_hex(&handle)
-    );
+    println!("RESULT handle={}", nccl_net_host::handle_to_hex(&handle));
     let line = read_stdin_line(deadline.saturating_duration_since(Instant::now()));
-    let mut peer = nccl_net_fabric::host::handle_from_hex(&line).expect("peer handle");
+    let mut peer = nccl_net_host::handle_from_hex(&line).expect("peer handle");
     if accept_first {
         let recv = lib.accept_until(listen, deadline).expect("accept");
         let send = lib.connect_until(0, &mut peer, deadline).expect("connect");
@@ -395,4 +388,41 @@ pub fn pattern(i: usize, len: usize) -> Vec<u8> {
     (0..len)
         .map(|j| (j.wrapping_mul(31) ^ i.wrapping_mul(131) ^ (j >> 8)) as u8)
         .collect()
+}
+
+/// Runs `cmd` to its end with its output captured; kills it and fails the test past
+/// `timeout`.
+pub fn run_command(cmd: &mut Command, timeout: Duration) -> std::process::Output {
+    let mut child = cmd
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn command");
+    let drain = |mut r: Box<dyn Read + Send>| {
+        std::thread::spawn(move || {
+            let mut v = Vec::new();
+            let _ = r.read_to_end(&mut v);
+            v
+        })
+    };
+    let out = drain(Box::new(child.stdout.take().expect("stdout")));
+    let err = drain(Box::new(child.stderr.take().expect("stderr")));
+    let deadline = Instant::now() + timeout.mul_f64(slow());
+    let status = loop {
+        if let Some(s) = child.try_wait().expect("wait") {
+            break s;
+        }
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!("{cmd:?} did not finish within {timeout:?}");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    std::process::Output {
+        status,
+        stdout: out.join().unwrap_or_default(),
+        stderr: err.join().unwrap_or_default(),
+    }
 }

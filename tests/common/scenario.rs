@@ -2,7 +2,7 @@
 //! the provider environments, deadlines, and pairs that must still carry data.
 
 use super::*;
-use nccl_net_fabric::host::{PluginLib, Ptr};
+use nccl_net_host::{PluginLib, Ptr};
 use std::time::Instant;
 
 pub const NULL: Ptr = Ptr(std::ptr::null_mut());

@@ -1,28 +1,65 @@
 //! `nccl-net-fabric demo`: the plugin as NCCL sees it, over loopback.
 
-use nccl_net_fabric::host::{PluginLib, Ptr};
 use nccl_net_fabric::nccl::PTR_HOST;
+use nccl_net_host::{PluginLib, Ptr};
+use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
 const IN_FLIGHT: usize = 8;
 
-fn fail(e: impl std::fmt::Display) -> ExitCode {
-    eprintln!("nccl-net-fabric demo: {e}");
-    ExitCode::from(1)
+/// The plugin library: the one given, else the first found where this tool is built or
+/// installed.
+fn locate(given: Option<PathBuf>) -> Result<PathBuf, String> {
+    if let Some(p) = given {
+        return Ok(p);
+    }
+    let tried = PluginLib::default_candidates();
+    match tried.iter().find(|p| p.exists()) {
+        Some(p) => Ok(p.clone()),
+        None => Err(format!(
+            "no plugin library found beside this tool (looked for {}); give one with --plugin PATH",
+            tried
+                .iter()
+                .map(|p| p.display().to_string())
+                .collect::<Vec<_>>()
+                .join(", ")
+        )),
+    }
 }
 
-pub fn run(args: &[String]) -> ExitCode {
-    let path = match args.iter().position(|a| a == "--plugin") {
-        Some(i) => args.get(i + 1).map(Into::into).unwrap_or_default(),
-        None => PluginLib::default_path(),
+pub fn run(plugin: Option<PathBuf>) -> ExitCode {
+    exercise(plugin, "demo", true)
+}
+
+/// `doctor --selftest`: the demo's transfer, checked, with a one-line verdict.
+pub fn selftest(plugin: Option<PathBuf>) -> ExitCode {
+    let code = exercise(plugin, "doctor --selftest", false);
+    if code == ExitCode::SUCCESS {
+        println!("selftest: passed (data moved and verified through the plugin's table)");
+    } else {
+        println!("selftest: FAILED (see the line above)");
+    }
+    code
+}
+
+/// Loads the plugin as NCCL does, lists its devices and moves data through it over
+/// loopback; `info` also shows the plugin's INFO lines.
+fn exercise(plugin: Option<PathBuf>, what: &str, info: bool) -> ExitCode {
+    let fail = |e: &dyn std::fmt::Display| {
+        eprintln!("nccl-net-fabric {what}: {e}");
+        ExitCode::from(1)
     };
-    if std::env::var_os("NCCL_DEBUG").is_none() {
+    let path = match locate(plugin) {
+        Ok(p) => p,
+        Err(e) => return fail(&e),
+    };
+    if info && std::env::var_os("NCCL_DEBUG").is_none() {
         std::env::set_var("NCCL_DEBUG", "INFO");
     }
     let lib = match PluginLib::open(&path) {
         Ok(l) => l,
-        Err(e) => return fail(e),
+        Err(e) => return fail(&e),
     };
     println!(
         "loaded {} (table ncclNetPlugin_v8, name \"{}\")",
@@ -30,11 +67,11 @@ pub fn run(args: &[String]) -> ExitCode {
         lib.name()
     );
     if let Err(e) = lib.init(true) {
-        return fail(format!("{e}: see the WARN line above"));
+        return fail(&format!("{e}: see the WARN line above"));
     }
     let n = match lib.devices() {
         Ok(n) => n,
-        Err(e) => return fail(e),
+        Err(e) => return fail(&e),
     };
     for dev in 0..n {
         match lib.properties(dev) {
@@ -47,12 +84,12 @@ pub fn run(args: &[String]) -> ExitCode {
                 p.max_recvs,
                 p.max_comms
             ),
-            Err(e) => return fail(e),
+            Err(e) => return fail(&e),
         }
     }
     match transfer(&lib) {
         Ok(()) => ExitCode::SUCCESS,
-        Err(e) => fail(e),
+        Err(e) => fail(&e),
     }
 }
 
@@ -136,7 +173,7 @@ fn stream(
     let recv_side = std::thread::scope(|scope| {
         let dst_ptrs: Vec<usize> = dst.iter_mut().map(|v| v.as_mut_ptr() as usize).collect();
         let rmr = &rmr;
-        let receiver = scope.spawn(move || -> Result<(), nccl_net_fabric::host::CallError> {
+        let receiver = scope.spawn(move || -> Result<(), nccl_net_host::CallError> {
             let mut pending = std::collections::VecDeque::new();
             for i in 0..iters {
                 if pending.len() == IN_FLIGHT {
@@ -214,7 +251,7 @@ fn ping_pong(
     );
     let start = Instant::now();
     std::thread::scope(|scope| {
-        let echo = scope.spawn(move || -> Result<(), nccl_net_fabric::host::CallError> {
+        let echo = scope.spawn(move || -> Result<(), nccl_net_host::CallError> {
             for _ in 0..iters {
                 // SAFETY: bbuf outlives the scope; one operation on it at a time.
                 let r = unsafe {

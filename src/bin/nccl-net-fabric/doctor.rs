@@ -3,7 +3,7 @@
 use nccl_net_fabric::discover::discover;
 use nccl_net_fabric::fabric::{runtime_version, version_string, HEADER_VERSION};
 use nccl_net_fabric::provider::{decide, errno_name, CudaApiAnswer, Failure, Pass};
-use nccl_net_fabric::settings::Settings;
+use nccl_net_fabric::settings::{HmemMode, Settings};
 use std::fmt::Write as _;
 use std::process::ExitCode;
 
@@ -23,9 +23,21 @@ fn json_str(s: &str) -> String {
     out
 }
 
-pub fn run(args: &[String]) -> ExitCode {
+/// The setting as a user writes it (`auto`, `require`, …).
+fn hmem_name(mode: HmemMode) -> &'static str {
+    match mode {
+        HmemMode::Auto => "auto",
+        HmemMode::Require => "require",
+        HmemMode::Off => "off",
+        HmemMode::Force => "force",
+    }
+}
+
+pub fn run(json: bool) -> ExitCode {
     nccl_net_fabric::log::init_stderr();
-    let json = args.iter().any(|a| a == "--json");
+    for warning in nccl_net_fabric::settings::unknown_in_env() {
+        eprintln!("nccl-net-fabric doctor: warning: {warning}");
+    }
     let settings = match Settings::from_env() {
         Ok(s) => s,
         Err(e) => {
@@ -54,7 +66,7 @@ pub fn run(args: &[String]) -> ExitCode {
             "{{\"libfabric_runtime\":{},\"libfabric_headers\":{},\"hmem_setting\":{},\"provider\":{},\"gpu_buffers\":{},\"hmem_reason\":{},\"usable\":{},\"failure\":{},\"candidates\":[",
             json_str(&runtime),
             json_str(&headers),
-            json_str(&format!("{:?}", settings.hmem).to_lowercase()),
+            json_str(hmem_name(settings.hmem)),
             json_str(&decision.provider),
             decision.gpu,
             json_str(&decision.hmem_reason),
@@ -96,8 +108,8 @@ pub fn run(args: &[String]) -> ExitCode {
         println!("{out}");
     } else {
         println!(
-            "libfabric {runtime} (runtime), {headers} (headers); NCCL_FABRIC_HMEM={:?}",
-            settings.hmem
+            "libfabric {runtime} (runtime), {headers} (headers); NCCL_FABRIC_HMEM={}",
+            hmem_name(settings.hmem)
         );
         println!();
         println!(
@@ -132,8 +144,8 @@ pub fn run(args: &[String]) -> ExitCode {
                 setopt,
                 v.reason
             );
-            // fi_getinfo lists a domain once per address format (IPv4, IPv6, …): show such
-            // repeats once, counted.
+            // fi_getinfo may list a domain several times (once per address of the
+            // interface, per address format): show identical rows once, counted.
             match rows.iter_mut().find(|(r, _)| *r == row) {
                 Some((_, n)) => *n += 1,
                 None => rows.push((row, 1)),
@@ -142,7 +154,7 @@ pub fn run(args: &[String]) -> ExitCode {
         for (row, n) in rows {
             match n {
                 1 => println!("{row}"),
-                n => println!("{row} (x{n}: one per address format)"),
+                n => println!("{row} (x{n}: identical fi_getinfo entries, e.g. one per address)"),
             }
         }
         println!();

@@ -1,34 +1,87 @@
 //! `nccl-net-fabric`: the plugin's command-line companion.
 //!
-//! - `doctor [--json]`: which libfabric provider NCCL would get, whether GPU buffers
-//!   (FI_HMEM) would be used, and why; exits non-zero when nothing is usable.
+//! - `doctor [--json] [--selftest]`: which libfabric provider NCCL would get, whether GPU
+//!   buffers (FI_HMEM) would be used, and why; with `--selftest`, also a loopback transfer
+//!   through the installed plugin's table. Exits non-zero when nothing is usable.
 //! - `demo [--plugin PATH]`: loads the plugin `.so` as NCCL does, prints its provider report
 //!   and devices, then moves data through the exported table over loopback.
-//! - `settings`: the `NCCL_FABRIC_*` settings table (Markdown).
+//! - `settings [--markdown]`: the `NCCL_FABRIC_*` settings with their values in this
+//!   environment, validated, and what `auto` resolves to on this machine.
 
 mod demo;
 mod doctor;
+mod settings;
 
+use clap::{Parser, Subcommand};
+use std::path::PathBuf;
 use std::process::ExitCode;
 
-fn usage() -> ExitCode {
-    eprintln!(
-        "usage: nccl-net-fabric <command>\n\n  doctor [--json]        which provider NCCL would use, FI_HMEM verdict and why\n  \
-         demo [--plugin PATH]   load the plugin like NCCL and run a loopback transfer\n  \
-         settings               print the NCCL_FABRIC_* settings table"
-    );
-    ExitCode::from(2)
+#[derive(Parser)]
+#[command(
+    name = "nccl-net-fabric",
+    version,
+    about = "The companion of the nccl-net-fabric NCCL network plugin: which libfabric \
+             provider NCCL would use and why, a loopback demo, and the plugin's settings"
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Which libfabric provider NCCL would use, whether GPU buffers (FI_HMEM) would be
+    /// used, and why; exits 1 when nothing is usable
+    Doctor {
+        /// The report as one JSON object
+        #[arg(long)]
+        json: bool,
+        /// Then move data through the plugin's exported table over loopback, as NCCL would
+        #[arg(long)]
+        selftest: bool,
+        /// The plugin library the self-test loads (default: the one installed with this tool)
+        #[arg(long, value_name = "PATH", requires = "selftest")]
+        plugin: Option<PathBuf>,
+    },
+    /// Load the plugin as NCCL does and run a loopback transfer through its table
+    Demo {
+        /// The plugin library (default: the one installed or built with this tool)
+        #[arg(long, value_name = "PATH")]
+        plugin: Option<PathBuf>,
+    },
+    /// The NCCL_FABRIC_* settings: this environment's values, validated, and what `auto`
+    /// resolves to here; exits 1 on an invalid value
+    Settings {
+        /// Print the documentation table (Markdown) instead
+        #[arg(long)]
+        markdown: bool,
+    },
 }
 
 fn main() -> ExitCode {
-    let args: Vec<String> = std::env::args().skip(1).collect();
-    match args.first().map(String::as_str) {
-        Some("doctor") => doctor::run(&args[1..]),
-        Some("demo") => demo::run(&args[1..]),
-        Some("settings") => {
+    // SAFETY: restoring the default action for SIGPIPE before any thread starts: a closed
+    // pipe (`doctor | head`) then ends this tool quietly, as it does any Unix filter,
+    // instead of making every later print fail.
+    unsafe { libc::signal(libc::SIGPIPE, libc::SIG_DFL) };
+    let cli = Cli::parse();
+    match cli.command {
+        Command::Doctor {
+            json,
+            selftest,
+            plugin,
+        } => {
+            let code = doctor::run(json);
+            if !selftest || code != ExitCode::SUCCESS {
+                return code;
+            }
+            println!();
+            demo::selftest(plugin)
+        }
+        Command::Demo { plugin } => demo::run(plugin),
+        Command::Settings { markdown: true } => {
             print!("{}", nccl_net_fabric::settings::markdown_table());
             ExitCode::SUCCESS
         }
-        _ => usage(),
+        Command::Settings { markdown: false } => settings::run(),
     }
 }

@@ -5,9 +5,15 @@
 //! Used by the demo, the tests and the benchmarks, so they exercise exactly what NCCL
 //! exercises. Calls return the plugin's `ncclResult_t` as a [`CallError`] when it is not
 //! success; waits take a deadline so nothing built on this can hang.
+//!
+//! A crate of its own so that none of it ships inside the plugin library.
+
+/// NCCL's net plugin ABI (the tables and their types): the plugin's own source file.
+#[path = "../../src/nccl.rs"]
+pub mod nccl;
 
 use crate::nccl::{
-    self, NetV10, NetV11, NetV12, NetV6, NetV7, NetV8, NetV9, ProfilerFn, NET_HANDLE_MAXSIZE,
+    NetV10, NetV11, NetV12, NetV6, NetV7, NetV8, NetV9, ProfilerFn, NET_HANDLE_MAXSIZE,
 };
 use parking_lot::Mutex;
 use std::ffi::{c_int, c_void, CStr, CString};
@@ -16,7 +22,7 @@ use std::ptr;
 use std::time::Instant;
 
 extern "C" {
-    /// NCCL-style logger from `src/c/host_logger.c`.
+    /// NCCL-style logger from `host_logger.c`.
     fn nccl_net_fabric_host_logger(
         level: c_int,
         flags: std::ffi::c_ulong,
@@ -158,20 +164,28 @@ impl Drop for PluginLib {
 }
 
 impl PluginLib {
-    /// The plugin built next to the running executable (target/<profile>/ or its deps/).
-    pub fn default_path() -> PathBuf {
+    /// Where the plugin may be, relative to the running executable, in order: built by
+    /// cargo beside it (target/<profile>/ or its deps/), installed by `scripts/install.sh`
+    /// (PREFIX/bin → PREFIX/lib), or by the Debian package (/usr/lib/<triplet>).
+    pub fn default_candidates() -> Vec<PathBuf> {
         let exe = std::env::current_exe().unwrap_or_default();
         let dir = exe.parent().map(Path::to_path_buf).unwrap_or_default();
-        for d in [
-            dir.clone(),
-            dir.parent().map(Path::to_path_buf).unwrap_or_default(),
-        ] {
-            let p = d.join("libnccl_net_fabric.so");
-            if p.exists() {
-                return p;
-            }
-        }
-        dir.join("libnccl_net_fabric.so")
+        let up = dir.parent().map(Path::to_path_buf).unwrap_or_default();
+        vec![
+            dir.join("libnccl_net_fabric.so"),
+            up.join("libnccl_net_fabric.so"),
+            up.join("lib/libnccl-net-fabric.so"),
+            up.join(format!(
+                "lib/{}-linux-gnu/libnccl-net-fabric.so",
+                std::env::consts::ARCH
+            )),
+        ]
+    }
+
+    /// The first of [`PluginLib::default_candidates`] that exists (else the first).
+    pub fn default_path() -> PathBuf {
+        let all = Self::default_candidates();
+        all.iter().find(|p| p.exists()).unwrap_or(&all[0]).clone()
     }
 
     /// `dlopen(path, RTLD_NOW|RTLD_LOCAL)` and `dlsym("ncclNetPlugin_v8")`.

@@ -1,0 +1,200 @@
+//! The `nccl-net-fabric` tool as a user runs it: the built binary, its arguments, exit
+//! codes and messages, and what the plugin says about the settings it is given.
+
+mod common;
+
+use common::run_command;
+use std::process::{Command, Output, Stdio};
+use std::time::Duration;
+
+fn tool(args: &[&str], env: &[(&str, &str)]) -> Output {
+    let mut c = Command::new(env!("CARGO_BIN_EXE_nccl-net-fabric"));
+    c.args(args)
+        .env("NCCL_FABRIC_DOMAINS", "lo,shm")
+        .envs(env.iter().copied());
+    run_command(&mut c, Duration::from_secs(120))
+}
+
+fn text(b: &[u8]) -> String {
+    String::from_utf8_lossy(b).into_owned()
+}
+
+#[test]
+fn help_and_version_succeed() {
+    let h = tool(&["--help"], &[]);
+    assert!(h.status.success(), "{h:?}");
+    for cmd in ["doctor", "demo", "settings"] {
+        assert!(text(&h.stdout).contains(cmd), "--help lists {cmd}");
+    }
+    let v = tool(&["--version"], &[]);
+    assert!(v.status.success());
+    assert!(text(&v.stdout).contains(env!("CARGO_PKG_VERSION")));
+    let d = tool(&["doctor", "--help"], &[]);
+    assert!(d.status.success() && text(&d.stdout).contains("--selftest"));
+}
+
+#[test]
+fn bad_arguments_are_refused() {
+    for args in [
+        &["doctor", "--bogus"][..],
+        &["demo", "--plugin"],
+        &["frobnicate"],
+        &[],
+        &["doctor", "--plugin", "/x.so"],
+    ] {
+        let o = tool(args, &[]);
+        assert_eq!(o.status.code(), Some(2), "{args:?}: {o:?}");
+        let said = text(&o.stderr);
+        assert!(
+            said.contains("error") || said.contains("Usage"),
+            "{args:?}: {o:?}"
+        );
+    }
+}
+
+#[test]
+fn a_closed_pipe_ends_the_tool_quietly() {
+    for args in [&["doctor"][..], &["settings"], &["demo"]] {
+        let mut child = Command::new(env!("CARGO_BIN_EXE_nccl-net-fabric"))
+            .args(args)
+            .env("NCCL_FABRIC_DOMAINS", "lo,shm")
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("spawn");
+        // Read nothing: close our end at once, like `| head -0`.
+        drop(child.stdout.take());
+        let out = run_wait(child);
+        assert_ne!(out.status.code(), Some(101), "{args:?} panicked: {out:?}");
+        assert!(!text(&out.stderr).contains("panicked"), "{args:?}: {out:?}");
+    }
+}
+
+fn run_wait(mut child: std::process::Child) -> Output {
+    let deadline = std::time::Instant::now() + Duration::from_secs(120);
+    loop {
+        if child.try_wait().expect("wait").is_some() {
+            return child.wait_with_output().expect("output");
+        }
+        assert!(std::time::Instant::now() < deadline, "no exit");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+#[test]
+fn settings_shows_values_resolutions_and_mistakes() {
+    let o = tool(&["settings"], &[("NCCL_FABRIC_HEMM", "off")]);
+    let out = text(&o.stdout);
+    assert!(o.status.success(), "{o:?}");
+    assert!(out.contains("NCCL_FABRIC_HEMM is not a setting"), "{out}");
+    assert!(out.contains("did you mean NCCL_FABRIC_HMEM?"), "{out}");
+    assert!(
+        out.contains("lane(s) per direction"),
+        "auto lanes resolved: {out}"
+    );
+    let progress = out
+        .lines()
+        .find(|l| l.starts_with("NCCL_FABRIC_PROGRESS_THREAD"))
+        .expect("progress line");
+    assert!(
+        progress.ends_with("-> yes") || progress.ends_with("-> no"),
+        "{progress}"
+    );
+    let o = tool(&["settings"], &[("NCCL_FABRIC_LANES", "99")]);
+    assert_eq!(o.status.code(), Some(1), "{o:?}");
+    assert!(
+        text(&o.stdout).contains("INVALID: NCCL_FABRIC_LANES=99"),
+        "{o:?}"
+    );
+    let o = tool(&["settings", "--markdown"], &[]);
+    assert!(text(&o.stdout).starts_with("| variable | values | default | meaning |"));
+}
+
+#[test]
+fn doctor_names_the_setting_as_written() {
+    let o = tool(&["doctor"], &[("NCCL_FABRIC_HMEM", "Off")]);
+    assert!(text(&o.stdout).contains("NCCL_FABRIC_HMEM=off"), "{o:?}");
+    let j = tool(&["doctor", "--json"], &[]);
+    assert!(
+        text(&j.stdout).contains("\"hmem_setting\":\"auto\""),
+        "{j:?}"
+    );
+}
+
+/// The one line saying why nothing is usable: short, naming the setting to change.
+fn failure_line(o: &Output) -> String {
+    text(&o.stdout)
+        .lines()
+        .find(|l| l.starts_with("nothing usable"))
+        .unwrap_or_else(|| panic!("no failure line: {o:?}"))
+        .to_string()
+}
+
+#[test]
+fn failures_are_one_short_line_naming_the_setting() {
+    let cases: [(&[(&str, &str)], &str); 3] = [
+        (&[("NCCL_FABRIC_HMEM", "require")], "NCCL_FABRIC_HMEM=auto"),
+        (
+            &[("NCCL_FABRIC_DOMAINS", "eth9")],
+            "NCCL_FABRIC_DOMAINS=eth9",
+        ),
+        (
+            &[("NCCL_FABRIC_PROVIDER", "nonexistent")],
+            "NCCL_FABRIC_PROVIDER=nonexistent",
+        ),
+    ];
+    for (env, named) in cases {
+        let o = tool(&["doctor"], env);
+        assert_eq!(o.status.code(), Some(1), "{env:?}: {o:?}");
+        let line = failure_line(&o);
+        assert!(line.contains(named), "{env:?}: {line}");
+        assert!(
+            line.len() < 500,
+            "{env:?}: {} characters: {line}",
+            line.len()
+        );
+        // Inside NCCL: init fails with one WARN line of the same kind.
+        let d = tool(&["demo"], env);
+        assert_eq!(d.status.code(), Some(1), "{env:?}: {d:?}");
+        let warn = text(&d.stderr)
+            .lines()
+            .find(|l| l.contains("WARN"))
+            .unwrap_or_else(|| panic!("no WARN: {d:?}"))
+            .to_string();
+        assert!(warn.contains(named), "{env:?}: {warn}");
+        assert!(
+            warn.len() < 600,
+            "{env:?}: {} characters: {warn}",
+            warn.len()
+        );
+    }
+}
+
+#[test]
+fn the_plugin_warns_about_a_misspelled_setting() {
+    let o = tool(&["demo"], &[("NCCL_FABRIC_HEMM", "off")]);
+    assert!(o.status.success(), "{o:?}");
+    let warn: Vec<String> = text(&o.stderr)
+        .lines()
+        .filter(|l| l.contains("WARN"))
+        .map(String::from)
+        .collect();
+    assert_eq!(warn.len(), 1, "{warn:?}");
+    assert!(
+        warn[0].contains("did you mean NCCL_FABRIC_HMEM?"),
+        "{warn:?}"
+    );
+}
+
+#[test]
+fn doctor_selftest_moves_data_through_the_table() {
+    let o = tool(&["doctor", "--selftest"], &[]);
+    assert!(o.status.success(), "{o:?}");
+    assert!(text(&o.stdout).contains("selftest: passed"), "{o:?}");
+    let bad = tool(
+        &["doctor", "--selftest", "--plugin", "/nonexistent.so"],
+        &[],
+    );
+    assert_eq!(bad.status.code(), Some(1), "{bad:?}");
+    assert!(text(&bad.stdout).contains("selftest: FAILED"), "{bad:?}");
+}
