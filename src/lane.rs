@@ -12,9 +12,10 @@
 //! (`NCCL_FABRIC_ENDPOINTS=comm`). A lane counts its users (comms and registrations). When
 //! the last user of a shared lane goes, the lane stays in its slot for
 //! `NCCL_FABRIC_LANE_LINGER_MS`, so that the next communicator (NCCL makes and destroys
-//! them one after another) finds it open and connected; a lane idle that long, or one of a
-//! single comm, leaves the pool, and its driver closes the endpoint, or, if the provider
-//! still holds operations, is handed to the control thread to finish the job.
+//! them one after another) finds it open and connected; a lane of one comm waits as long
+//! among the pool's spares for the next comm. A lane idle that long leaves the pool, and its
+//! driver closes the endpoint, or, if the provider still holds operations, is handed to the
+//! control thread to finish the job.
 
 use crate::driver::{Command, Driver, Health, Inbox, Post};
 use crate::endpoint::Endpoint;
@@ -271,7 +272,12 @@ pub struct LanePool {
     slots: Mutex<[RoleSlots; 2]>,
     /// Every lane of the pool, shared or not (for [`Lane::drive_neighbours`]).
     members: Mutex<Vec<Weak<Lane>>>,
+    /// With a lane per comm: per role, lanes whose comm closed, for the next comms.
+    spare: Mutex<[Vec<Arc<Lane>>; 2]>,
 }
+
+/// Lanes of closed comms a pool keeps for the next ones, per role (`NCCL_FABRIC_ENDPOINTS=comm`).
+const MAX_SPARE: usize = 16;
 
 impl LanePool {
     pub fn new(config: LaneConfig) -> Arc<Self> {
@@ -280,6 +286,7 @@ impl LanePool {
             config,
             slots: Mutex::new([(vec![None; n], 0), (vec![None; n], 0)]),
             members: Mutex::new(Vec::new()),
+            spare: Mutex::new([Vec::new(), Vec::new()]),
         })
     }
 
@@ -287,6 +294,17 @@ impl LanePool {
     /// while the endpoint opens.
     pub fn acquire(self: &Arc<Self>, role: Role) -> Result<Arc<Lane>> {
         if self.config.per_comm {
+            let reused = {
+                let mut spare = self.spare.lock();
+                let pool = &mut spare[role as usize];
+                pool.retain(|l| l.health.broken().is_none());
+                pool.pop()
+            };
+            if let Some(lane) = reused {
+                lane.users.fetch_add(1, Ordering::AcqRel);
+                *lane.idle_since.lock() = None;
+                return Ok(lane);
+            }
             return self.open(role, None);
         }
         let mut retired = None;
@@ -344,7 +362,18 @@ impl LanePool {
                     .as_ref()
                     .is_some_and(|l| Arc::ptr_eq(l, lane))
             });
-            if in_slot && !linger.is_zero() && lane.health.broken().is_none() {
+            let keep = !linger.is_zero() && lane.health.broken().is_none();
+            if keep && self.config.per_comm {
+                let mut spare = self.spare.lock();
+                let pool = &mut spare[lane.role as usize];
+                if pool.len() < MAX_SPARE {
+                    *lane.idle_since.lock() = Some(std::time::Instant::now());
+                    pool.push(lane.clone());
+                    false
+                } else {
+                    true
+                }
+            } else if keep && in_slot {
                 *lane.idle_since.lock() = Some(std::time::Instant::now());
                 false
             } else {
@@ -369,19 +398,24 @@ impl LanePool {
         );
     }
 
-    /// Closes the shared lanes nobody has used for the linger time.
+    /// Closes the lanes (shared or spare) nobody has used for the linger time.
     fn close_idle(&self) {
         let linger = self.config.linger;
         let mut idle = Vec::new();
         {
+            let expired = |l: &Arc<Lane>| {
+                l.users.load(Ordering::Acquire) == 0
+                    && l.idle_since.lock().is_some_and(|t| t.elapsed() >= linger)
+            };
             let mut slots = self.slots.lock();
+            for pool in self.spare.lock().iter_mut() {
+                let (gone, kept): (Vec<_>, Vec<_>) = pool.drain(..).partition(expired);
+                *pool = kept;
+                idle.extend(gone);
+            }
             for (lanes, _) in slots.iter_mut() {
                 for slot in lanes.iter_mut() {
-                    let expired = slot.as_ref().is_some_and(|l| {
-                        l.users.load(Ordering::Acquire) == 0
-                            && l.idle_since.lock().is_some_and(|t| t.elapsed() >= linger)
-                    });
-                    if expired {
+                    if slot.as_ref().is_some_and(expired) {
                         idle.extend(slot.take());
                     }
                 }
