@@ -7,10 +7,15 @@ use common::run_command;
 use std::process::{Command, Output, Stdio};
 use std::time::Duration;
 
+/// Runs the tool; `demo` and `doctor --selftest` get the plugin this test build made.
 fn tool(args: &[&str], env: &[(&str, &str)]) -> Output {
     let mut c = Command::new(env!("CARGO_BIN_EXE_nccl-net-fabric"));
-    c.args(args)
-        .env("NCCL_FABRIC_DOMAINS", "lo,shm")
+    c.args(args);
+    if args == ["demo"] || args == ["doctor", "--selftest"] {
+        c.arg("--plugin")
+            .arg(nccl_net_host::PluginLib::default_path());
+    }
+    c.env("NCCL_FABRIC_DOMAINS", "lo,shm")
         .envs(env.iter().copied());
     run_command(&mut c, Duration::from_secs(120))
 }
@@ -55,8 +60,13 @@ fn bad_arguments_are_refused() {
 #[test]
 fn a_closed_pipe_ends_the_tool_quietly() {
     for args in [&["doctor"][..], &["settings"], &["demo"]] {
-        let mut child = Command::new(env!("CARGO_BIN_EXE_nccl-net-fabric"))
-            .args(args)
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_nccl-net-fabric"));
+        cmd.args(args);
+        if args == ["demo"] {
+            cmd.arg("--plugin")
+                .arg(nccl_net_host::PluginLib::default_path());
+        }
+        let mut child = cmd
             .env("NCCL_FABRIC_DOMAINS", "lo,shm")
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())

@@ -165,13 +165,15 @@ impl Drop for PluginLib {
 
 impl PluginLib {
     /// Where the plugin may be, relative to the running executable, in order: built by
-    /// cargo beside it (target/<profile>/ or its deps/), installed by `scripts/install.sh`
+    /// cargo beside it (target/<profile>/, its deps/, or the one above deps/), installed by `scripts/install.sh`
     /// (PREFIX/bin → PREFIX/lib), or by the Debian package (/usr/lib/<triplet>).
     pub fn default_candidates() -> Vec<PathBuf> {
         let exe = std::env::current_exe().unwrap_or_default();
         let dir = exe.parent().map(Path::to_path_buf).unwrap_or_default();
         let up = dir.parent().map(Path::to_path_buf).unwrap_or_default();
         vec![
+            // cargo keeps the newest build in deps/ (the copy beside it may be older).
+            dir.join("deps/libnccl_net_fabric.so"),
             dir.join("libnccl_net_fabric.so"),
             up.join("libnccl_net_fabric.so"),
             up.join("lib/libnccl-net-fabric.so"),
