@@ -105,7 +105,7 @@ pub fn init() -> Result<Arc<Plugin>> {
     tracing::info!("{}", plugin.settings.sizing());
     if !defaults.is_empty() && plugin.provider.contains("rxm") {
         tracing::info!(
-            "smaller rxm buffer pools: {} (set these variables yourself to choose others)",
+            "smaller rxm and tcp buffer pools: {} (set these variables yourself to choose others)",
             defaults.join(" ")
         );
     }

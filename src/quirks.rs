@@ -25,11 +25,12 @@
 //! - **Refused connections go unreported**: a CONNECT to a port nobody listens on is retried
 //!   by rxm and tcp, and shm waits for a name that never appears; none fails the send. A
 //!   connect that has waited a second checks the address itself ([`refused`]).
-//! - **rxm's buffer pools**: with its defaults each `tcp;ofi_rxm` endpoint holds ~90 MB
-//!   (1.17) to ~170 MB (2.1) of anonymous memory, most of it the shared receive context's
-//!   preposted buffers; a 2-GPU all_reduce peaked at 4.0 GiB. Unless the user set them, the
-//!   plugin sets smaller pools before libfabric starts ([`RXM_DEFAULTS`]): 1.5 GiB, busbw
-//!   within 3% ([`apply_defaults`]).
+//! - **rxm's and tcp's buffer pools**: with their defaults each `tcp;ofi_rxm` endpoint holds
+//!   ~90 MB (1.17) to ~170 MB (2.1) of anonymous memory, most of it the shared receive
+//!   context's preposted buffers; a 2-GPU all_reduce peaked at 4.0 GiB. Unless the user set
+//!   them, the plugin sets smaller pools before libfabric starts ([`RXM_DEFAULTS`]): 1.5 GiB,
+//!   busbw within 3% ([`apply_defaults`]); 4 KiB buffers then take an endpoint from 34 to
+//!   14 MiB (2.1).
 //! - **No link speed**: shm and sm2 report none; NCCL then opens 2 channels at the 100 Gb/s it
 //!   assumes. They are announced at 400 Gb/s so NCCL opens 4 and 4 endpoints copy at once
 //!   (all_reduce busbw at 1 GiB: 9.3 → 14.5 GB/s on a 32-core machine) ([`unreported_speed_mbps`]).
@@ -111,15 +112,20 @@ pub fn names_this_process(provider: &str, addr: &[u8]) -> bool {
 
 /// libfabric variables set at init unless the user set them: no shared receive context
 /// (receive buffers per connection, which a plugin with few peers per endpoint keeps few),
-/// 8 KiB eager buffers, 16-deep queues on each connection. rxm refuses a connection between
-/// endpoints of different eager limits, so every rank must run with the same values (they do
-/// when all run this plugin). Measured on 2× H200 (NCCL 2.28.9,
-/// libfabric 2.1, all_reduce 1 GiB): peak RSS 4.0 → 1.5 GiB, busbw 13.0 → 12.7 GB/s.
+/// 4 KiB eager buffers, 16-deep queues on each connection, and 4 KiB buffers in 2.x tcp's
+/// transfer pool. rxm and tcp grow their pools 1024 buffers at a time, per endpoint (rxm) and
+/// per domain (tcp), and every lane has both: with rxm's 8 KiB and tcp's 16 KiB, each
+/// endpoint held 34 MiB on 2.1 (18.5 on 1.17), with 4 KiB each 14 MiB (10.5)
+/// (`cargo bench --bench memory`). rxm refuses a connection between endpoints of different
+/// eager limits, so every rank must run with the same values (they do when all run this
+/// plugin). Measured on 2× H200 (NCCL 2.28.9, libfabric 2.1, all_reduce 1 GiB) with the
+/// first three and 8 KiB eager buffers: peak RSS 4.0 → 1.5 GiB, busbw 13.0 → 12.7 GB/s.
 pub const RXM_DEFAULTS: &[(&str, &str)] = &[
     ("FI_OFI_RXM_USE_SRX", "0"),
-    ("FI_OFI_RXM_BUFFER_SIZE", "8192"),
+    ("FI_OFI_RXM_BUFFER_SIZE", "4096"),
     ("FI_OFI_RXM_MSG_RX_SIZE", "16"),
     ("FI_OFI_RXM_MSG_TX_SIZE", "16"),
+    ("FI_TCP_MAX_RX_SIZE", "4096"),
 ];
 
 /// Sets each of [`RXM_DEFAULTS`] the environment does not already have, before the first

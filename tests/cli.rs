@@ -208,3 +208,25 @@ fn doctor_selftest_moves_data_through_the_table() {
     assert_eq!(bad.status.code(), Some(1), "{bad:?}");
     assert!(text(&bad.stdout).contains("selftest: FAILED"), "{bad:?}");
 }
+
+#[test]
+fn reports_read_plainly() {
+    let o = tool(&["doctor"], &[]);
+    let out = text(&o.stdout);
+    assert!(!out.contains("one per address format"), "{out}");
+    assert!(!out.contains("Some(") && !out.contains("Ok("), "{out}");
+    let t = tool(&["demo"], &[("NCCL_DEBUG", "TRACE")]);
+    let candidates: Vec<&str> = std::str::from_utf8(&t.stderr)
+        .unwrap_or("")
+        .lines()
+        .filter(|l| l.contains("TRACE NET/Fabric : candidate"))
+        .collect::<Vec<_>>();
+    assert!(!candidates.is_empty(), "{t:?}");
+    for l in candidates {
+        assert!(
+            l.contains("setopt(FI_OPT_CUDA_API_PERMITTED=false) "),
+            "{l}"
+        );
+        assert!(!l.contains("Some(") && !l.contains("Ok("), "{l}");
+    }
+}

@@ -217,7 +217,13 @@ fn local_only_providers_are_kept_but_ranked_last() {
     ];
     let d = decide(&c, &settings("auto"));
     assert_eq!(d.provider, "tcp;ofi_rxm");
-    assert!(d.verdicts[0].reason.contains("preferred"));
+    assert!(
+        d.verdicts[0]
+            .reason
+            .contains("preferred (network providers come before single-host ones)"),
+        "{}",
+        d.verdicts[0].reason
+    );
     let only_shm = decide(&c[..1], &settings("auto"));
     assert_eq!(only_shm.provider, "shm");
 }
