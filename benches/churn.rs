@@ -6,30 +6,15 @@
 //!
 //! `cargo bench --bench churn` (`tcp;ofi_rxm`, `shm`; K = 40); `-- PROVIDER K`.
 
+mod common;
+
+use common::{publish, wait_for};
 use nccl_net_host::{handle_from_hex, handle_to_hex, PluginLib, Ptr};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 const BYTES: usize = 1 << 20;
-
-fn wait_for(path: &Path, until: Instant) -> String {
-    loop {
-        if let Ok(t) = std::fs::read_to_string(path) {
-            if t.ends_with('\n') {
-                return t;
-            }
-        }
-        assert!(Instant::now() < until, "no {}", path.display());
-        std::thread::sleep(Duration::from_micros(200));
-    }
-}
-
-fn publish(path: &Path, text: &str) {
-    let tmp = path.with_extension("tmp");
-    std::fs::write(&tmp, text).expect("write");
-    std::fs::rename(&tmp, path).expect("rename");
-}
 
 /// One communicator between the two ranks: connect both ways, 1 MiB each way, close.
 fn round(lib: &PluginLib, dir: &Path, me: usize, r: usize, until: Instant) {

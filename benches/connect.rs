@@ -6,29 +6,13 @@
 //!
 //! `cargo bench --bench connect` (N = 4, 8, 16 on `tcp;ofi_rxm` and `shm`); `-- PROVIDER N…`.
 
+mod common;
+
+use common::{publish, wait_for};
 use nccl_net_host::{handle_from_hex, handle_to_hex, PluginLib, Ptr};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
-
-fn wait_for(path: &Path, until: Instant) -> String {
-    loop {
-        if let Ok(t) = std::fs::read_to_string(path) {
-            if t.ends_with('\n') {
-                return t;
-            }
-        }
-        assert!(Instant::now() < until, "no {}", path.display());
-        std::thread::sleep(Duration::from_millis(2));
-    }
-}
-
-/// Writes `text` so that readers see it whole (write, then rename).
-fn publish(path: &Path, text: &str) {
-    let tmp = path.with_extension("tmp");
-    std::fs::write(&tmp, text).expect("write");
-    std::fs::rename(&tmp, path).expect("rename");
-}
 
 /// One rank.
 fn rank(dir: &Path, me: usize, n: usize) {

@@ -5,6 +5,9 @@
 //! `cargo bench --bench idle` (each configuration in its own process; `-- PROVIDER THREADS`
 //! runs one). Not a test: the figures depend on the machine.
 
+mod common;
+
+use common::rss_kib;
 use nccl_net_host::PluginLib;
 use std::process::Command;
 use std::time::{Duration, Instant};
@@ -23,15 +26,7 @@ fn cpu_seconds() -> f64 {
 }
 
 fn rss_mib() -> u64 {
-    std::fs::read_to_string("/proc/self/status")
-        .ok()
-        .and_then(|s| {
-            s.lines()
-                .find(|l| l.starts_with("VmRSS:"))
-                .and_then(|l| l.split_whitespace().nth(1)?.parse::<u64>().ok())
-        })
-        .unwrap_or(0)
-        / 1024
+    rss_kib() / 1024
 }
 
 /// In the child: one pair, a few messages, then idle.

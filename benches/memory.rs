@@ -7,23 +7,15 @@
 //! `cargo bench --bench memory` (`tcp;ofi_rxm`, `shm`); `-- PROVIDER [VAR=VALUE ...]` runs
 //! one provider with extra environment (e.g. `FI_OFI_RXM_BUFFER_SIZE=4096`).
 
+mod common;
+
+use common::rss_kib;
 use nccl_net_host::{PluginLib, Ptr};
 use std::process::Command;
 use std::time::{Duration, Instant};
 
 const PAIRS: usize = 4;
 const MSG: usize = 1 << 20;
-
-fn rss_kib() -> u64 {
-    std::fs::read_to_string("/proc/self/status")
-        .ok()
-        .and_then(|s| {
-            s.lines()
-                .find(|l| l.starts_with("VmRSS:"))
-                .and_then(|l| l.split_whitespace().nth(1)?.parse().ok())
-        })
-        .unwrap_or(0)
-}
 
 /// Resident KiB once the allocator has handed back what is free.
 fn settled_rss() -> u64 {

@@ -294,12 +294,17 @@ impl LanePool {
     /// while the endpoint opens.
     pub fn acquire(self: &Arc<Self>, role: Role) -> Result<Arc<Lane>> {
         if self.config.per_comm {
-            let reused = {
+            let (reused, broken) = {
                 let mut spare = self.spare.lock();
                 let pool = &mut spare[role as usize];
-                pool.retain(|l| l.health.broken().is_none());
-                pool.pop()
+                let (broken, fine): (Vec<_>, Vec<_>) =
+                    pool.drain(..).partition(|l| l.health.broken().is_some());
+                *pool = fine;
+                (pool.pop(), broken)
             };
+            for lane in broken {
+                lane.retire(Some(&self.config.adopt));
+            }
             if let Some(lane) = reused {
                 lane.users.fetch_add(1, Ordering::AcqRel);
                 *lane.idle_since.lock() = None;
