@@ -63,12 +63,21 @@ pub struct PeerInfo {
     pub liveness: Arc<Peer>,
 }
 
+/// A comm's id in its pair's data tags: chosen by the receiving lane (and held there while
+/// anything of the comm may still match), or given by the peer that chose it.
+pub enum CommId {
+    Leased(Arc<crate::lane::IdLease>),
+    Peer(u64),
+}
+
 /// A send or receive comm.
 pub struct Comm {
     pub dir: Direction,
     pub lane: Arc<Lane>,
     /// The comm id in this pair's data tags (chosen by the receiving lane).
     id: u64,
+    /// The receiving lane's hold on `id`.
+    lease: Option<Arc<crate::lane::IdLease>>,
     pub peer: PeerInfo,
     me: Identity,
     /// The next sequence number per NCCL tag (see `tags`); held while posting, so numbers
@@ -136,7 +145,7 @@ impl Comm {
     pub fn new(
         dir: Direction,
         lane: Arc<Lane>,
-        id: u64,
+        id: CommId,
         peer: PeerInfo,
         stall_warn: Option<Duration>,
         max_recvs: usize,
@@ -165,10 +174,15 @@ impl Comm {
             })
             .collect();
         let stray_seen = AtomicU64::new(lane.health().stray_errors());
+        let (id, lease) = match id {
+            CommId::Leased(l) => (l.id, Some(l)),
+            CommId::Peer(id) => (id, None),
+        };
         let comm = Arc::new(Comm {
             dir,
             lane,
             id,
+            lease,
             peer,
             me: Identity::current(),
             next_seq: Mutex::new(HashMap::new()),
@@ -360,11 +374,14 @@ impl Comm {
             // see a failure while the comm still exists, then the peer's liveness alone.
             let comm = Arc::downgrade(&self);
             let peer = self.peer.liveness.clone();
+            // The id stays taken while the sink may match its messages.
+            let lease = self.lease.clone();
             SinkSpec {
                 src: self.lane.source(self.peer.addr),
                 tag: self.lane.tags.data(self.id, 0, 0),
                 ignore: self.lane.tags.below_id(),
                 alive: Box::new(move || {
+                    let _held = &lease;
                     peer.dead().is_none()
                         && comm
                             .upgrade()

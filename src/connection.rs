@@ -11,7 +11,7 @@
 //! ranks of this process the messages are handed over directly. No lock shared between
 //! connects is held while libfabric is called.
 
-use crate::comm::{Comm, Direction, PeerInfo};
+use crate::comm::{Comm, CommId, Direction, PeerInfo};
 use crate::control::{self, Answer, Control, Incoming, ListenSlot, LocalConnect, Peer, Sent};
 use crate::device::{ConnectEntry, Connecting, Device};
 use crate::error::{Error, Result};
@@ -86,7 +86,7 @@ pub fn listen(
 fn comm_on(
     lane: Arc<Lane>,
     dir: Direction,
-    id: u64,
+    id: CommId,
     addr: &[u8],
     who: crate::handshake::Identity,
     liveness: Arc<Peer>,
@@ -201,7 +201,8 @@ impl ListenComm {
         }
         let device: &Device = &plugin.devices[self.device];
         let lane = device.lanes.acquire(Role::Receiving)?;
-        let id = lane.next_id();
+        let lease = lane.lease_id();
+        let id = lease.id;
         let liveness = match incoming.local {
             Some(_) => Peer::local(),
             None => self.control.peer(&incoming.reply_to),
@@ -211,7 +212,7 @@ impl ListenComm {
         let comm = comm_on(
             lane,
             Direction::Recv,
-            id,
+            CommId::Leased(lease),
             &incoming.data,
             incoming.who,
             liveness,
@@ -392,7 +393,15 @@ fn advance(c: &mut Connecting, device: &Device, plugin: &Plugin) -> Result<Optio
         false => control.peer(&c.handle.addr),
     };
     let lane = c.lane.take().expect("set in step 1");
-    let comm = comm_on(lane, Direction::Send, id, &data_addr, who, liveness, plugin)?;
+    let comm = comm_on(
+        lane,
+        Direction::Send,
+        CommId::Peer(id),
+        &data_addr,
+        who,
+        liveness,
+        plugin,
+    )?;
     tracing::debug!("connected: {}", comm.peer_text());
     Ok(Some(comm))
 }

@@ -52,6 +52,11 @@ struct Sink {
     /// When it was last posted; one that took nothing in for [`SINK_LIFETIME`] is cancelled
     /// (a posted receive costs every later match on the endpoint a little).
     posted_at: Instant,
+    /// Ends at its next completion: cancelled as soon as it is posted (it may still be
+    /// waiting to be posted when told).
+    expiring: bool,
+    /// Its cancellation was asked for.
+    cancelled: bool,
 }
 
 /// Sinks one endpoint keeps at most (the oldest is cancelled for a new one).
@@ -305,6 +310,8 @@ impl Driver {
                             spec,
                             left: SINK_MESSAGES,
                             posted_at: Instant::now(),
+                            expiring: false,
+                            cancelled: false,
                         };
                         self.post_sink(&sink);
                         self.sinks.push(sink);
@@ -628,20 +635,17 @@ impl Driver {
         });
     }
 
-    /// Ends the oldest sink that is still taking messages: cancelled if posted (its
-    /// cancellation ends it), or not posted again.
+    /// Ends the oldest sink that is not ending already (see [`Sink::expiring`]).
     fn expire_oldest_sink(&mut self) {
         if let Some(s) = self
             .sinks
             .iter_mut()
-            .filter(|s| s.left > 1)
+            .filter(|s| !s.expiring)
             .min_by_key(|s| s.posted_at)
         {
-            s.left = 1;
-            if s.op.op.status() == Status::Posted {
-                self.queue.cancel(s.op.op.context() as usize);
-            }
+            s.expiring = true;
         }
+        self.renew_sinks();
     }
 
     /// Posts again each sink that took in a message, while it has messages left; cancels
@@ -651,15 +655,16 @@ impl Driver {
         sinks.retain_mut(|s| {
             let status = s.op.op.status();
             if !status.finished() {
-                if status == Status::Posted && s.left > 1 && s.posted_at.elapsed() > SINK_LIFETIME {
-                    s.left = 1;
+                s.expiring |= s.posted_at.elapsed() > SINK_LIFETIME;
+                if status == Status::Posted && s.expiring && !s.cancelled {
+                    s.cancelled = true;
                     self.queue.cancel(s.op.op.context() as usize);
                 }
                 return true;
             }
             self.sink_activity = Instant::now();
             s.left -= 1;
-            if s.left == 0 || !(s.spec.alive)() {
+            if s.left == 0 || s.expiring || !(s.spec.alive)() {
                 return false;
             }
             s.posted_at = Instant::now();
@@ -827,6 +832,36 @@ mod tests {
             std::thread::sleep(Duration::from_millis(5));
         }
         assert!(d.sinks.is_empty());
+        d.finish();
+    }
+
+    #[test]
+    fn sinks_beyond_the_limit_push_out_the_oldest() {
+        let (mut d, _) = shm_driver();
+        let sink = |i: u64| Command::Retire {
+            owner: i as usize + 1,
+            sink: Some(SinkSpec {
+                src: sys::ADDR_UNSPEC,
+                tag: i << 16,
+                ignore: 0xffff,
+                alive: Box::new(|| true),
+            }),
+        };
+        for i in 0..MAX_SINKS as u64 + 8 {
+            d.inbox.push(sink(i));
+            d.turn().expect("turn");
+        }
+        // The 8 oldest were told to end; once their cancellations complete, the limit holds.
+        let until = std::time::Instant::now() + Duration::from_secs(10);
+        while d.sinks.len() > MAX_SINKS {
+            assert!(std::time::Instant::now() < until, "{} sinks", d.sinks.len());
+            d.turn().expect("turn");
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        assert_eq!(d.sinks.len(), MAX_SINKS);
+        assert!(d.sinks.iter().all(|s| !s.expiring), "the newest are kept");
+        d.cancel_all(true);
+        let _ = d.turn();
         d.finish();
     }
 }

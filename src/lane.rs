@@ -156,8 +156,8 @@ impl Lane {
         &self.health
     }
 
-    /// A random comm id, unique on this lane until [`Lane::forget_id`].
-    pub fn next_id(&self) -> u64 {
+    /// A random comm id, unique on this lane until it is forgotten (see [`Lane::lease_id`]).
+    fn next_id(&self) -> u64 {
         let mut ids = self.ids.lock();
         loop {
             let id = crate::random::u64() & self.tags.id_mask();
@@ -167,8 +167,18 @@ impl Lane {
         }
     }
 
+    /// A comm id of this lane, held until the lease's last holder (the comm, and the sink
+    /// its close leaves for the peer's stragglers) lets go: a lane that serves communicator
+    /// after communicator does not collect the ids of closed ones.
+    pub fn lease_id(self: &Arc<Self>) -> Arc<IdLease> {
+        Arc::new(IdLease {
+            id: self.next_id(),
+            lane: Arc::downgrade(self),
+        })
+    }
+
     /// The comm with this id is gone (and so are its messages).
-    pub fn forget_id(&self, id: u64) {
+    fn forget_id(&self, id: u64) {
         self.ids.lock().remove(&id);
     }
 
@@ -239,6 +249,20 @@ impl Lane {
     }
 }
 
+/// A comm id taken on a lane (see [`Lane::lease_id`]).
+pub struct IdLease {
+    pub id: u64,
+    lane: Weak<Lane>,
+}
+
+impl Drop for IdLease {
+    fn drop(&mut self) {
+        if let Some(lane) = self.lane.upgrade() {
+            lane.forget_id(self.id);
+        }
+    }
+}
+
 /// Where a retired lane's driver goes when the provider still holds operations.
 pub type Adopt = Box<dyn Fn(Driver) + Send + Sync>;
 
@@ -274,6 +298,24 @@ pub struct LanePool {
     members: Mutex<Vec<Weak<Lane>>>,
     /// With a lane per comm: per role, lanes whose comm closed, for the next comms.
     spare: Mutex<[Vec<Arc<Lane>>; 2]>,
+}
+
+impl Drop for LanePool {
+    /// Lanes nobody uses close with the pool (shared lanes in use keep a weak link only).
+    fn drop(&mut self) {
+        let mut idle: Vec<Arc<Lane>> = Vec::new();
+        for pool in self.spare.get_mut().iter_mut() {
+            idle.append(pool);
+        }
+        for (lanes, _) in self.slots.get_mut().iter_mut() {
+            idle.extend(lanes.iter_mut().filter_map(Option::take));
+        }
+        for lane in idle {
+            if lane.users.load(Ordering::Acquire) == 0 {
+                lane.retire(Some(&self.config.adopt));
+            }
+        }
+    }
 }
 
 /// Lanes of closed comms a pool keeps for the next ones, per role (`NCCL_FABRIC_ENDPOINTS=comm`).
@@ -340,13 +382,23 @@ impl LanePool {
         let mut slots = self.slots.lock();
         let slot = &mut slots[role as usize].0[index];
         match slot {
-            Some(existing) => {
+            Some(existing) if existing.health.broken().is_none() => {
                 // Another comm opened this lane meanwhile: use that one.
                 existing.users.fetch_add(1, Ordering::AcqRel);
+                *existing.idle_since.lock() = None;
                 let existing = existing.clone();
                 drop(slots);
                 fresh.retire(None);
                 Ok(existing)
+            }
+            Some(_) => {
+                // That one failed meanwhile: this one takes its place.
+                let broken = slot.replace(fresh.clone()).expect("checked");
+                drop(slots);
+                if broken.users.load(Ordering::Acquire) == 0 {
+                    broken.retire(Some(&self.config.adopt));
+                }
+                Ok(fresh)
             }
             None => {
                 *slot = Some(fresh.clone());

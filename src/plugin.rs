@@ -237,7 +237,9 @@ pub fn release_leftovers() {
         return;
     };
     for d in &plugin.devices {
-        d.connects.lock().clear();
+        // Dropped outside the lock: a connect's lane may close with it.
+        let gone = std::mem::take(&mut *d.connects.lock());
+        drop(gone);
     }
     crate::control::flush();
 }
