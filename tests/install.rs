@@ -148,3 +148,66 @@ fn debian_package_installs_a_working_plugin() {
     check_installed(&root.join("usr/bin/nccl-net-fabric"));
     let _ = std::fs::remove_dir_all(&out);
 }
+
+/// A folder of stand-ins for `dpkg-query`, `apt-get` and `sudo` (every package missing; apt
+/// prints what Debian's mirrors make it print, and succeeds or fails as told).
+fn fake_apt(dir: &Path, apt_fails: bool) {
+    let write = |name: &str, body: &str| {
+        let p = dir.join(name);
+        std::fs::write(&p, format!("#!/bin/sh\n{body}\n")).expect("write stand-in");
+        let _ = Command::new("chmod").arg("+x").arg(&p).status();
+    };
+    write("dpkg-query", "exit 1");
+    write("sudo", "exec \"$@\"");
+    write(
+        "apt-get",
+        &format!(
+            "echo 'W: Download is performed unsandboxed as root' >&2\n\
+             echo 'E: Failed to fetch http://mirror/x.dsc  404  Not Found' >&2\n\
+             exit {}",
+            if apt_fails { 100 } else { 0 }
+        ),
+    );
+}
+
+#[test]
+fn setup_keeps_apt_output_in_a_log_unless_it_fails() {
+    for fails in [false, true] {
+        let dir = scratch(if fails { "apt-fails" } else { "apt-ok" });
+        fake_apt(&dir, fails);
+        let path = format!(
+            "{}:{}",
+            dir.display(),
+            std::env::var("PATH").unwrap_or_default()
+        );
+        let o = run_command(
+            Command::new("bash")
+                .arg(repo().join("scripts/setup-debian.sh"))
+                .env("PATH", path)
+                .env("TMPDIR", &dir),
+            Duration::from_secs(60),
+        );
+        let said = text(&o);
+        let log = std::fs::read_to_string(dir.join("nccl-net-fabric-setup-debian.log"))
+            .unwrap_or_default();
+        assert!(
+            log.contains("E: Failed to fetch"),
+            "apt's output is logged: {log}"
+        );
+        if fails {
+            assert_eq!(o.status.code(), Some(1), "{said}");
+            assert!(
+                said.contains("E: Failed to fetch"),
+                "a failure shows apt's words: {said}"
+            );
+        } else {
+            assert!(o.status.success(), "{said}");
+            assert!(said.contains("setup-debian: installing"), "{said}");
+            assert!(
+                !said.contains("E: ") && !said.contains("W: "),
+                "no apt noise: {said}"
+            );
+        }
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+}

@@ -36,6 +36,21 @@ fn only_the_table_is_exported() {
             .to_vec(),
         "exported: {symbols:?}"
     );
+    // Nor does it contain the host side of the ABI (the tool's and the tests' loader).
+    let all = Command::new("nm").arg(&path).output().expect("run nm");
+    let host: Vec<String> = String::from_utf8_lossy(&all.stdout)
+        .lines()
+        .filter(|l| {
+            ["nccl_net_host", "host_logger", "PluginLib"]
+                .iter()
+                .any(|s| l.contains(s))
+        })
+        .map(String::from)
+        .collect();
+    assert!(
+        all.status.success() && host.is_empty(),
+        "host code in the plugin: {host:?}"
+    );
     let lib = plugin();
     assert!(lib.symbol("ncclNetPlugin_v8"));
     assert!(!lib.symbol("rust_begin_unwind"));
