@@ -283,8 +283,6 @@ impl Comm {
         }
         let post_of = |i: usize| {
             let (b, part, tag) = (&bufs[i], &req.parts[i], tags[i]);
-            part.posted.store(b.len, Ordering::Relaxed);
-            part.op.mark_queued();
             let transfer = match self.dir {
                 Direction::Send => Transfer::Send {
                     buf: b.data,
@@ -312,9 +310,10 @@ impl Comm {
         req.n.store(bufs.len(), Ordering::Relaxed);
         req.posted_at_ms.store(now_ms(), Ordering::Relaxed);
         req.stall_reported.store(false, Ordering::Relaxed);
-        // The others marked queued too before the first can complete (claim() looks at all).
-        for i in 1..bufs.len() {
-            req.parts[i].op.mark_queued();
+        // Every part is marked queued before the first can complete (claim() looks at all).
+        for (b, part) in bufs.iter().zip(req.parts.iter()) {
+            part.posted.store(b.len, Ordering::Relaxed);
+            part.op.mark_queued();
         }
         match self.lane.submit(post_of(0)) {
             Ok(None) => {
