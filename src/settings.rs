@@ -179,6 +179,18 @@ pub enum HmemMode {
     Force,
 }
 
+impl HmemMode {
+    /// The value as a user writes it.
+    pub fn name(self) -> &'static str {
+        match self {
+            HmemMode::Auto => "auto",
+            HmemMode::Require => "require",
+            HmemMode::Off => "off",
+            HmemMode::Force => "force",
+        }
+    }
+}
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum EndpointSharing {
     /// Per provider: [`EndpointSharing::PerComm`] for local-only providers, else per device.
@@ -206,6 +218,8 @@ pub struct Settings {
     pub progress_thread: bool,
     /// Shared endpoints per device and role (at least 1).
     pub lanes: usize,
+    /// The CPUs `auto` sized lanes and threads for.
+    pub cpus: Cpus,
 }
 
 impl Default for Settings {
@@ -273,7 +287,8 @@ impl Settings {
                 .map(|_| list(&lookup(name).unwrap_or_else(|| setting(name).default.into())))
         };
         // Lanes and threads for this rank's CPUs, read once (/proc/cpuinfo, affinity).
-        let (auto_lanes, auto_threads) = auto_sizing();
+        let cpus = Cpus::detect();
+        let (auto_lanes, auto_threads) = sizing_for(cpus.per_rank());
         Ok(Settings {
             hmem: match value(&lookup, HMEM)?.as_str() {
                 "require" => HmemMode::Require,
@@ -306,6 +321,7 @@ impl Settings {
                 0 => auto_lanes,
                 n => n as usize,
             },
+            cpus,
         })
         .and_then(|s| {
             // Checked here too so a bad NCCL_FABRIC_LOG fails init like any other setting.
@@ -386,19 +402,45 @@ fn edit_distance(a: &str, b: &str) -> usize {
     row[b.len()]
 }
 
-/// Lanes and progress threads for this process: [`sizing_for`] its share of the CPUs.
-fn auto_sizing() -> (usize, bool) {
-    sizing_for(cpus_per_rank())
+/// The CPUs this process has, as read once when the settings are parsed: those it may run
+/// on, the machine's, and how many ranks share the machine.
+#[derive(Debug, Clone, Copy)]
+pub struct Cpus {
+    /// CPUs this process may run on (its affinity mask, as `sched_getaffinity` gives it).
+    pub allowed: usize,
+    /// CPUs of the machine (/proc/cpuinfo; 0 if unreadable).
+    pub machine: usize,
+    /// Ranks sharing this machine, from what launchers put in the environment (Open MPI,
+    /// MPICH/Hydra, Slurm, torchrun), if any says.
+    pub local_ranks: Option<usize>,
 }
 
-/// CPUs this process can count on: those it may use, shared with the other ranks of the
-/// machine when they may use the same ones (unbound ranks all see every CPU).
-pub fn cpus_per_rank() -> usize {
-    let allowed = cpus_allowed();
-    let machine = machine_cpus().max(allowed);
-    match local_ranks() {
-        Some(n) if n > 1 && allowed == machine => (allowed / n).max(1),
-        _ => allowed,
+impl Cpus {
+    pub fn detect() -> Self {
+        Cpus {
+            allowed: std::thread::available_parallelism().map_or(1, |n| n.get()),
+            machine: std::fs::read_to_string("/proc/cpuinfo")
+                .map(|t| t.matches("processor\t").count())
+                .unwrap_or(0),
+            local_ranks: [
+                "OMPI_COMM_WORLD_LOCAL_SIZE",
+                "MPI_LOCALNRANKS",
+                "SLURM_NTASKS_PER_NODE",
+                "LOCAL_WORLD_SIZE",
+            ]
+            .iter()
+            .find_map(|k| std::env::var(k).ok()?.trim().parse().ok()),
+        }
+    }
+
+    /// CPUs this process can count on: those it may use, shared with the other ranks of the
+    /// machine when they may use the same ones (unbound ranks all see every CPU).
+    pub fn per_rank(&self) -> usize {
+        let machine = self.machine.max(self.allowed);
+        match self.local_ranks {
+            Some(n) if n > 1 && self.allowed == machine => (self.allowed / n).max(1),
+            _ => self.allowed,
+        }
     }
 }
 
@@ -413,37 +455,16 @@ pub fn sizing_for(cpus: usize) -> (usize, bool) {
     }
 }
 
-fn machine_cpus() -> usize {
-    std::fs::read_to_string("/proc/cpuinfo")
-        .map(|t| t.matches("processor\t").count())
-        .unwrap_or(0)
-}
-
-/// CPUs this process may run on (its affinity mask, as `sched_getaffinity` gives it).
-pub fn cpus_allowed() -> usize {
-    std::thread::available_parallelism().map_or(1, |n| n.get())
-}
-
-/// Ranks sharing this machine, from what launchers put in the environment (Open MPI,
-/// MPICH/Hydra, Slurm, torchrun), if any says.
-pub fn local_ranks() -> Option<usize> {
-    [
-        "OMPI_COMM_WORLD_LOCAL_SIZE",
-        "MPI_LOCALNRANKS",
-        "SLURM_NTASKS_PER_NODE",
-        "LOCAL_WORLD_SIZE",
-    ]
-    .iter()
-    .find_map(|k| std::env::var(k).ok()?.trim().parse().ok())
-}
-
 impl Settings {
     /// One line on how the plugin sized itself: CPUs, local ranks, lanes and threads, and
     /// what to change.
     pub fn sizing(&self) -> String {
-        let cpus = cpus_allowed();
-        let machine = machine_cpus();
-        let ranks = local_ranks().map_or("unknown".to_string(), |n| n.to_string());
+        let Cpus {
+            allowed: cpus,
+            machine,
+            local_ranks,
+        } = self.cpus;
+        let ranks = local_ranks.map_or("unknown".to_string(), |n| n.to_string());
         let hint = if cpus < 8 && machine >= 8 {
             format!(
                 " This process is bound to {cpus} of the machine's {machine} CPUs (mpirun \
@@ -459,7 +480,7 @@ impl Settings {
             "sizing: {cpus} CPUs allowed (machine {machine}), local ranks {ranks}, so {} CPUs \
              for this rank: {} lane(s) per direction, progress threads {} (NCCL_FABRIC_LANES, \
              NCCL_FABRIC_PROGRESS_THREAD override).{hint}",
-            cpus_per_rank(),
+            self.cpus.per_rank(),
             self.lanes,
             if self.progress_thread { "yes" } else { "no" },
         )
@@ -567,7 +588,7 @@ mod tests {
     #[test]
     fn lanes_follow_the_machine_unless_set() {
         let auto = parse(&[]).unwrap().lanes;
-        assert_eq!(auto, auto_sizing().0);
+        assert_eq!(auto, sizing_for(Cpus::detect().per_rank()).0);
         assert_eq!(parse(&[(LANES, "8")]).unwrap().lanes, 8);
         assert!(parse(&[(LANES, "65")]).is_err());
     }

@@ -3,7 +3,7 @@
 use nccl_net_fabric::discover::discover;
 use nccl_net_fabric::fabric::{runtime_version, version_string, HEADER_VERSION};
 use nccl_net_fabric::provider::{decide, errno_name, CudaApiAnswer, Failure, Pass};
-use nccl_net_fabric::settings::{HmemMode, Settings};
+use nccl_net_fabric::settings::Settings;
 use std::fmt::Write as _;
 use std::process::ExitCode;
 
@@ -21,16 +21,6 @@ fn json_str(s: &str) -> String {
     }
     out.push('"');
     out
-}
-
-/// The setting as a user writes it (`auto`, `require`, …).
-fn hmem_name(mode: HmemMode) -> &'static str {
-    match mode {
-        HmemMode::Auto => "auto",
-        HmemMode::Require => "require",
-        HmemMode::Off => "off",
-        HmemMode::Force => "force",
-    }
 }
 
 pub fn run(json: bool) -> ExitCode {
@@ -66,7 +56,7 @@ pub fn run(json: bool) -> ExitCode {
             "{{\"libfabric_runtime\":{},\"libfabric_headers\":{},\"hmem_setting\":{},\"provider\":{},\"gpu_buffers\":{},\"hmem_reason\":{},\"usable\":{},\"failure\":{},\"candidates\":[",
             json_str(&runtime),
             json_str(&headers),
-            json_str(hmem_name(settings.hmem)),
+            json_str(settings.hmem.name()),
             json_str(&decision.provider),
             decision.gpu,
             json_str(&decision.hmem_reason),
@@ -109,7 +99,7 @@ pub fn run(json: bool) -> ExitCode {
     } else {
         println!(
             "libfabric {runtime} (runtime), {headers} (headers); NCCL_FABRIC_HMEM={}",
-            hmem_name(settings.hmem)
+            settings.hmem.name()
         );
         println!();
         println!(

@@ -10,7 +10,7 @@ fn resolved(name: &str, effective: &str, parsed: Option<&Settings>) -> Option<St
         (settings::LANES, "0") => Some(format!(
             "{} lane(s) per direction ({} CPUs for this rank)",
             s.lanes,
-            settings::cpus_per_rank()
+            s.cpus.per_rank()
         )),
         (settings::PROGRESS_THREAD, "auto") => Some(
             match s.progress_thread {
