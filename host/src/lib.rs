@@ -184,10 +184,19 @@ impl PluginLib {
         ]
     }
 
-    /// The first of [`PluginLib::default_candidates`] that exists (else the first).
-    pub fn default_path() -> PathBuf {
+    /// The first of [`PluginLib::default_candidates`] that exists; `Err`: none does, with
+    /// every place looked at.
+    pub fn find() -> Result<PathBuf, Vec<PathBuf>> {
         let all = Self::default_candidates();
-        all.iter().find(|p| p.exists()).unwrap_or(&all[0]).clone()
+        match all.iter().find(|p| p.exists()) {
+            Some(p) => Ok(p.clone()),
+            None => Err(all),
+        }
+    }
+
+    /// [`PluginLib::find`]'s answer, else the first candidate.
+    pub fn default_path() -> PathBuf {
+        Self::find().unwrap_or_else(|all| all[0].clone())
     }
 
     /// `dlopen(path, RTLD_NOW|RTLD_LOCAL)` and `dlsym("ncclNetPlugin_v8")`.

@@ -14,18 +14,16 @@ fn locate(given: Option<PathBuf>) -> Result<PathBuf, String> {
     if let Some(p) = given {
         return Ok(p);
     }
-    let tried = PluginLib::default_candidates();
-    match tried.iter().find(|p| p.exists()) {
-        Some(p) => Ok(p.clone()),
-        None => Err(format!(
+    PluginLib::find().map_err(|tried| {
+        format!(
             "no plugin library found beside this tool (looked for {}); give one with --plugin PATH",
             tried
                 .iter()
                 .map(|p| p.display().to_string())
                 .collect::<Vec<_>>()
                 .join(", ")
-        )),
-    }
+        )
+    })
 }
 
 pub fn run(plugin: Option<PathBuf>) -> ExitCode {
