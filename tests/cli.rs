@@ -3,7 +3,7 @@
 
 mod common;
 
-use common::run_command;
+use common::{run_command, wait_output};
 use std::process::{Command, Output, Stdio};
 use std::time::Duration;
 
@@ -74,20 +74,9 @@ fn a_closed_pipe_ends_the_tool_quietly() {
             .expect("spawn");
         // Read nothing: close our end at once, like `| head -0`.
         drop(child.stdout.take());
-        let out = run_wait(child);
+        let out = wait_output(child, &format!("{args:?}"), Duration::from_secs(120));
         assert_ne!(out.status.code(), Some(101), "{args:?} panicked: {out:?}");
         assert!(!text(&out.stderr).contains("panicked"), "{args:?}: {out:?}");
-    }
-}
-
-fn run_wait(mut child: std::process::Child) -> Output {
-    let deadline = std::time::Instant::now() + Duration::from_secs(120);
-    loop {
-        if child.try_wait().expect("wait").is_some() {
-            return child.wait_with_output().expect("output");
-        }
-        assert!(std::time::Instant::now() < deadline, "no exit");
-        std::thread::sleep(Duration::from_millis(20));
     }
 }
 

@@ -393,21 +393,40 @@ pub fn pattern(i: usize, len: usize) -> Vec<u8> {
 /// Runs `cmd` to its end with its output captured; kills it and fails the test past
 /// `timeout`.
 pub fn run_command(cmd: &mut Command, timeout: Duration) -> std::process::Output {
-    let mut child = cmd
+    let child = cmd
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
         .expect("spawn command");
-    let drain = |mut r: Box<dyn Read + Send>| {
+    wait_output(child, &format!("{cmd:?}"), timeout)
+}
+
+/// Waits for `child` to end, draining whichever of its stdout and stderr are still piped
+/// (so a chatty child never blocks on a full pipe); kills it and fails the test past
+/// `timeout`.
+pub fn wait_output(mut child: Child, what: &str, timeout: Duration) -> std::process::Output {
+    let drain = |r: Option<Box<dyn Read + Send>>| {
         std::thread::spawn(move || {
             let mut v = Vec::new();
-            let _ = r.read_to_end(&mut v);
+            if let Some(mut r) = r {
+                let _ = r.read_to_end(&mut v);
+            }
             v
         })
     };
-    let out = drain(Box::new(child.stdout.take().expect("stdout")));
-    let err = drain(Box::new(child.stderr.take().expect("stderr")));
+    let out = drain(
+        child
+            .stdout
+            .take()
+            .map(|r| Box::new(r) as Box<dyn Read + Send>),
+    );
+    let err = drain(
+        child
+            .stderr
+            .take()
+            .map(|r| Box::new(r) as Box<dyn Read + Send>),
+    );
     let deadline = Instant::now() + timeout.mul_f64(slow());
     let status = loop {
         if let Some(s) = child.try_wait().expect("wait") {
@@ -416,7 +435,7 @@ pub fn run_command(cmd: &mut Command, timeout: Duration) -> std::process::Output
         if Instant::now() > deadline {
             let _ = child.kill();
             let _ = child.wait();
-            panic!("{cmd:?} did not finish within {timeout:?}");
+            panic!("{what} did not finish within {timeout:?}");
         }
         std::thread::sleep(Duration::from_millis(20));
     };
