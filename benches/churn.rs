@@ -8,7 +8,7 @@
 
 mod common;
 
-use common::{publish, wait_for};
+use common::{exchange, publish, wait_for};
 use nccl_net_host::{handle_from_hex, handle_to_hex, PluginLib, Ptr};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
@@ -40,19 +40,10 @@ fn round(lib: &PluginLib, dir: &Path, me: usize, r: usize, until: Instant) {
     let (send, recv) = (send.unwrap(), recv.unwrap());
     let mut out = vec![me as u8; BYTES];
     let mut inp = vec![0u8; BYTES];
-    let null = Ptr(std::ptr::null_mut());
-    // SAFETY: both buffers outlive their requests (waited for below).
-    let (rr, sr) = unsafe {
-        let rr = lib
-            .irecv_until(recv, inp.as_mut_ptr().cast(), BYTES as i32, null, until)
-            .expect("irecv");
-        let sr = lib
-            .isend_until(send, out.as_mut_ptr().cast(), BYTES as i32, null, until)
-            .expect("isend");
-        (rr, sr)
-    };
-    lib.wait(sr, until).expect("send done");
-    assert_eq!(lib.wait(rr, until).expect("recv done"), BYTES as i32);
+    assert_eq!(
+        exchange(lib, send, recv, &mut out, &mut inp, until),
+        BYTES as i32
+    );
     assert!(
         inp.iter().all(|&b| b == peer as u8),
         "round {r}: wrong data"

@@ -7,7 +7,7 @@
 
 mod common;
 
-use common::rss_kib;
+use common::{exchange, rss_kib};
 use nccl_net_host::PluginLib;
 use std::process::Command;
 use std::time::{Duration, Instant};
@@ -38,30 +38,7 @@ fn measure() {
     let mut a = vec![1u8; 1 << 20];
     let mut b = vec![0u8; 1 << 20];
     for _ in 0..8 {
-        // SAFETY: both buffers outlive the requests, waited for right away.
-        let (r, s) = unsafe {
-            let r = lib
-                .irecv_until(
-                    recv,
-                    b.as_mut_ptr().cast(),
-                    1 << 20,
-                    nccl_net_host::Ptr(std::ptr::null_mut()),
-                    until,
-                )
-                .expect("irecv");
-            let s = lib
-                .isend_until(
-                    send,
-                    a.as_mut_ptr().cast(),
-                    1 << 20,
-                    nccl_net_host::Ptr(std::ptr::null_mut()),
-                    until,
-                )
-                .expect("isend");
-            (r, s)
-        };
-        lib.wait(s, until).expect("send");
-        lib.wait(r, until).expect("recv");
+        exchange(&lib, send, recv, &mut a, &mut b, until);
     }
     // Let the progress threads reach their idle state before measuring.
     std::thread::sleep(Duration::from_secs(2));

@@ -9,7 +9,7 @@
 
 mod common;
 
-use common::rss_kib;
+use common::{exchange, rss_kib};
 use nccl_net_host::{PluginLib, Ptr};
 use std::process::Command;
 use std::time::{Duration, Instant};
@@ -40,21 +40,9 @@ fn measure() {
         .collect();
     let mut a = vec![1u8; MSG];
     let mut b = vec![0u8; MSG];
-    let null = Ptr(std::ptr::null_mut());
     for &(send, recv) in &pairs {
         for _ in 0..16 {
-            // SAFETY: both buffers outlive the requests, waited for right away.
-            let (r, s) = unsafe {
-                let r = lib
-                    .irecv_until(recv, b.as_mut_ptr().cast(), MSG as i32, null, until)
-                    .expect("irecv");
-                let s = lib
-                    .isend_until(send, a.as_mut_ptr().cast(), MSG as i32, null, until)
-                    .expect("isend");
-                (r, s)
-            };
-            lib.wait(s, until).expect("send");
-            lib.wait(r, until).expect("recv");
+            exchange(&lib, send, recv, &mut a, &mut b, until);
         }
     }
     println!(

@@ -1,7 +1,8 @@
 //! What several benchmarks share: rendezvous through files between the processes of one run,
-//! and the process's own memory.
+//! one message each way through a comm pair, and the process's own memory.
 #![allow(dead_code)]
 
+use nccl_net_host::{PluginLib, Ptr};
 use std::path::Path;
 use std::time::{Duration, Instant};
 
@@ -42,4 +43,29 @@ pub fn rss_kib() -> u64 {
                 .and_then(|l| l.split_whitespace().nth(1)?.parse().ok())
         })
         .unwrap_or(0)
+}
+
+/// Receives `inp.len()` bytes on `recv` while sending `out` on `send` (the receive posted
+/// first), and waits for both; returns the received size.
+pub fn exchange(
+    lib: &PluginLib,
+    send: Ptr,
+    recv: Ptr,
+    out: &mut [u8],
+    inp: &mut [u8],
+    until: Instant,
+) -> i32 {
+    let null = Ptr(std::ptr::null_mut());
+    // SAFETY: both buffers outlive the requests, waited for before returning.
+    let (r, s) = unsafe {
+        let r = lib
+            .irecv_until(recv, inp.as_mut_ptr().cast(), inp.len() as i32, null, until)
+            .expect("irecv");
+        let s = lib
+            .isend_until(send, out.as_mut_ptr().cast(), out.len() as i32, null, until)
+            .expect("isend");
+        (r, s)
+    };
+    lib.wait(s, until).expect("send done");
+    lib.wait(r, until).expect("recv done")
 }
