@@ -8,6 +8,7 @@
 use crate::endpoint::Endpoint;
 use crate::error::Result;
 use crate::fabric::{runtime_version, Domain, Fabric, Hints, InfoList};
+use crate::nic::Sysfs;
 use crate::provider::{admissible, Candidate, Pass};
 use crate::settings::Settings;
 use crate::sys;
@@ -76,6 +77,7 @@ pub fn discover(settings: &Settings) -> Result<Discovery> {
     let mut lists = Vec::new();
     let mut at = Vec::new();
     let mut probed: Vec<(ProbeKey, Result<i32, String>)> = Vec::new();
+    let sysfs = Sysfs::default();
     for pass in [Pass::Hmem, Pass::Host] {
         let first = candidates.len();
         for directed in [true, false] {
@@ -89,6 +91,11 @@ pub fn discover(settings: &Settings) -> Result<Discovery> {
                     caps: info.caps(),
                     mr_mode: info.mr_mode(),
                     api_version: info.api_version(),
+                    src: info.src_socket_address(),
+                    loopback: sysfs.is_loopback(&info.domain())
+                        || info
+                            .src_socket_address()
+                            .is_some_and(|a| a.ip().is_loopback()),
                     setopt: None,
                 };
                 let seen = candidates[first..].iter().any(|o: &Candidate| {

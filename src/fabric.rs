@@ -211,6 +211,17 @@ impl<'a> Info<'a> {
             ))
         }
     }
+    /// The source address, when it is an IP socket address (`FI_SOCKADDR_IN`/`_IN6`).
+    pub fn src_socket_address(&self) -> Option<std::net::SocketAddr> {
+        if self.raw.src_addr.is_null() {
+            return None;
+        }
+        // SAFETY: src_addr points to src_addrlen bytes libfabric owns for the info's life.
+        let bytes = unsafe {
+            std::slice::from_raw_parts(self.raw.src_addr.cast::<u8>(), self.raw.src_addrlen)
+        };
+        socket_address(bytes)
+    }
     /// The source address, when it is a string (`FI_ADDR_STR`, as shm uses).
     pub fn src_addr_str(&self) -> Option<String> {
         if self.raw.addr_format != sys::FI_ADDR_STR || self.raw.src_addr.is_null() {

@@ -14,7 +14,8 @@
 //! - [`provider`] (pure policy) fed by [`discover`]; [`quirks`] (what particular providers
 //!   need); [`handshake`] (wire records); [`settings`].
 //! - [`endpoint`], [`fabric`], [`sys`]: libfabric itself; [`address`]: what a peer address
-//!   must look like before libfabric sees it.
+//!   must look like before libfabric sees it; [`nic`]: what the kernel says about the
+//!   interface behind a domain (loopback, PCI device, speed).
 //!
 //! The NCCL side of the ABI, which the tool, the tests and the benchmarks drive the plugin
 //! through, is the separate crate `nccl-net-host` (`host/`), kept out of the shipped library.
@@ -35,6 +36,7 @@ pub mod lane;
 pub mod log;
 pub mod mr;
 pub mod nccl;
+pub mod nic;
 pub mod op;
 pub mod opaque;
 pub mod overflow;

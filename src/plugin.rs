@@ -102,6 +102,9 @@ pub fn init() -> Result<Arc<Plugin>> {
     }
     let plugin = Arc::new(open_devices(settings, &discovery, &decision)?);
     tracing::info!("{}", plugin.summary);
+    if decision.loopback_only {
+        tracing::info!("{}", crate::provider::LOOPBACK_ONLY);
+    }
     tracing::info!("{}", plugin.settings.sizing());
     if !defaults.is_empty() && plugin.provider.contains("rxm") {
         tracing::info!(
@@ -136,16 +139,12 @@ fn open_devices(settings: Settings, discovery: &Discovery, decision: &Decision) 
             }
         };
         let domain = Domain::open(&fabric, info)?;
-        let unreported = crate::quirks::unreported_speed_mbps(&c.provider);
-        let speed = match settings.speed_mbps {
-            0 => info
-                .link_speed_bps()
-                .map_or(unreported, |bps| (bps / 1_000_000).max(1)),
-            s => s,
-        };
-        let pci_path = info
-            .pci_address()
-            .and_then(|a| std::fs::canonicalize(format!("/sys/bus/pci/devices/{a}")).ok())
+        let taken: Vec<u64> = devices.iter().map(|d: &Device| d.props.guid).collect();
+        let described = describe(info, &c, settings.speed_mbps, &taken);
+        tracing::trace!("dev {index} {}: {}", c.domain, described.text());
+        let pci_path = described
+            .pci_path
+            .as_ref()
             .and_then(|p| CString::new(p.to_string_lossy().into_owned()).ok());
         let mut ptr_support = nccl::PTR_HOST;
         if decision.gpu {
@@ -154,9 +153,9 @@ fn open_devices(settings: Settings, discovery: &Discovery, decision: &Decision) 
         let props = Properties {
             name: CString::new(c.domain.clone()).unwrap_or_else(|_| CString::from(c"fabric")),
             pci_path,
-            guid: index as u64,
+            guid: described.guid,
             ptr_support,
-            speed_mbps: i32::try_from(speed).unwrap_or(i32::MAX),
+            speed_mbps: i32::try_from(described.speed_mbps).unwrap_or(i32::MAX),
             port: 0,
             latency_us: 0.0,
             max_comms: MAX_COMMS,
@@ -226,6 +225,28 @@ fn summary(discovery: &Discovery, decision: &Decision, devices: &[Device]) -> St
             0 => "receives are matched by tag only (the provider lacks FI_DIRECTED_RECV)",
             _ => "each receive accepts only its peer (FI_DIRECTED_RECV)",
         }
+    )
+}
+
+/// What device `candidate` tells NCCL about itself (see `nic`), from the provider's entry
+/// `info` and the kernel; `taken`: the guids of the devices before it.
+pub fn describe(
+    info: crate::fabric::Info<'_>,
+    candidate: &crate::provider::Candidate,
+    speed_setting: u64,
+    taken: &[u64],
+) -> crate::nic::Description {
+    let reported = crate::nic::ProviderNic {
+        speed_bps: info.link_speed_bps(),
+        pci_address: info.pci_address(),
+    };
+    crate::nic::describe(
+        &crate::nic::Sysfs::default(),
+        &candidate.domain,
+        &reported,
+        speed_setting,
+        crate::quirks::unreported_speed_mbps(&candidate.provider),
+        taken,
     )
 }
 

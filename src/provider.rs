@@ -28,6 +28,11 @@ pub struct Candidate {
     pub caps: u64,
     pub mr_mode: i32,
     pub api_version: u32,
+    /// The entry's source address, when it is an IP socket address.
+    pub src: Option<std::net::SocketAddr>,
+    /// The domain is a loopback interface, or the entry's address is a loopback address:
+    /// peers on other hosts cannot reach it.
+    pub loopback: bool,
     /// `Ok(answer)` of setopt on the probe endpoint, or `Err(text)` if the probe endpoint
     /// could not be set up at all. `None`: not probed (filtered out by settings first).
     pub setopt: Option<Result<i32, String>>,
@@ -40,6 +45,17 @@ impl Candidate {
     /// Providers that only reach peers on the same host.
     pub fn local_only(&self) -> bool {
         crate::quirks::local_only(&self.provider)
+    }
+    /// Which of a domain's entries serves best across hosts: IPv4, then IPv6 that routes,
+    /// then link-local IPv6 (its scope id means nothing on the peer's host), then anything
+    /// else.
+    pub fn address_preference(&self) -> u8 {
+        match self.src {
+            Some(std::net::SocketAddr::V4(_)) => 0,
+            Some(std::net::SocketAddr::V6(a)) if a.ip().segments()[0] & 0xffc0 != 0xfe80 => 1,
+            Some(_) => 2,
+            None => 3,
+        }
     }
 }
 
@@ -114,6 +130,8 @@ pub struct Decision {
     pub verdicts: Vec<Verdict>,
     /// Why GPU buffers are or are not used, in one sentence.
     pub hmem_reason: String,
+    /// Every device is a loopback interface: the job can span one host only.
+    pub loopback_only: bool,
     /// Set when the settings cannot be met: init must fail with this text.
     pub failure: Option<Failure>,
 }
@@ -125,6 +143,14 @@ pub enum Failure {
     /// `NCCL_FABRIC_HMEM=require` and no candidate qualifies.
     HmemRequired(String),
 }
+
+/// Why a loopback domain is not a device.
+pub const LOOPBACK_LEFT_OUT: &str = "loopback: peers on other hosts cannot reach it, so it is a \
+    device only where no other interface exists (name it in NCCL_FABRIC_DOMAINS to use it)";
+
+/// What to say at INFO when every device is a loopback interface.
+pub const LOOPBACK_ONLY: &str = "only loopback: this job can span one host (no other interface \
+    offers the provider; NCCL_FABRIC_DOMAINS names the ones to use)";
 
 /// Settings-only filter, applied before probing: `Err(reason)` rejects the candidate.
 pub fn admissible(provider: &str, domain: &str, settings: &Settings) -> Result<(), String> {
@@ -249,7 +275,7 @@ pub fn decide(candidates: &[Candidate], settings: &Settings) -> Decision {
             .iter()
             .position(|p| *p == c.provider)
             .unwrap_or(usize::MAX);
-        (user, c.local_only(), i)
+        (user, c.local_only(), c.loopback, i)
     };
     let chosen_provider = pool
         .iter()
@@ -257,18 +283,35 @@ pub fn decide(candidates: &[Candidate], settings: &Settings) -> Decision {
         .min_by_key(|&i| rank(i))
         .map(|i| candidates[i].provider.clone());
 
-    let mut devices = Vec::new();
+    let mut devices: Vec<usize> = Vec::new();
+    let domains_named = !settings.domains.is_empty();
     if failure.is_none() {
         if let Some(p) = &chosen_provider {
+            // One device per domain (an interface's IPv4 and IPv6 entries are one NIC), on
+            // the entry whose address serves best across hosts.
             for &i in &pool {
                 let c = &candidates[i];
-                if &c.provider == p
-                    && !devices
-                        .iter()
-                        .any(|&d: &usize| candidates[d].domain == c.domain)
-                {
-                    devices.push(i);
+                if &c.provider != p {
+                    continue;
                 }
+                match devices
+                    .iter()
+                    .position(|&d| candidates[d].domain == c.domain)
+                {
+                    None => devices.push(i),
+                    Some(k)
+                        if c.address_preference() < candidates[devices[k]].address_preference() =>
+                    {
+                        devices[k] = i
+                    }
+                    Some(_) => {}
+                }
+            }
+            // A loopback device beside a real NIC would hand peers on other hosts an address
+            // of their own loopback: it is a device only where nothing else exists, or where
+            // the user named it.
+            if !domains_named && devices.iter().any(|&d| !candidates[d].loopback) {
+                devices.retain(|&d| !candidates[d].loopback);
             }
         } else {
             let mut asked = String::new();
@@ -324,15 +367,24 @@ pub fn decide(candidates: &[Candidate], settings: &Settings) -> Decision {
                         "host"
                     }
                 )
+            } else if c.loopback
+                && !domains_named
+                && devices.iter().any(|&d| !candidates[d].loopback)
+            {
+                LOOPBACK_LEFT_OUT.into()
             } else {
-                "duplicate domain".into()
+                "another entry of this domain is its device (one device per interface; IPv4 \
+                 first, then IPv6 that routes, then link-local)"
+                    .into()
             };
             v.reason = format!("{why}; {}", v.reason);
         }
     }
 
     let hmem_reason = hmem_reason(candidates, &devices, want_gpu, settings);
+    let loopback_only = !devices.is_empty() && devices.iter().all(|&d| candidates[d].loopback);
     Decision {
+        loopback_only,
         devices,
         gpu: want_gpu && failure.is_none(),
         provider,

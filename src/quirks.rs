@@ -39,8 +39,6 @@ use crate::error::Result;
 use crate::fabric::{Info, OwnedInfo};
 use std::sync::OnceLock;
 
-/// Speed reported when neither the provider nor `NCCL_FABRIC_SPEED_MBPS` gives one.
-pub const DEFAULT_SPEED_MBPS: u64 = 100_000;
 /// Speed reported for shared-memory providers (shm, sm2), which report no link.
 pub const SHARED_MEMORY_SPEED_MBPS: u64 = 400_000;
 
@@ -49,12 +47,13 @@ pub fn local_only(provider: &str) -> bool {
     matches!(provider, "shm" | "sm2")
 }
 
-/// The speed to announce for a provider that reports no link speed.
+/// The speed to announce for a provider that reports no link speed and has no network
+/// interface the kernel could report one for.
 pub fn unreported_speed_mbps(provider: &str) -> u64 {
     if local_only(provider) {
         SHARED_MEMORY_SPEED_MBPS
     } else {
-        DEFAULT_SPEED_MBPS
+        crate::nic::DEFAULT_SPEED_MBPS
     }
 }
 
@@ -197,7 +196,10 @@ mod tests {
     #[test]
     fn speeds_and_refusals() {
         assert_eq!(unreported_speed_mbps("shm"), SHARED_MEMORY_SPEED_MBPS);
-        assert_eq!(unreported_speed_mbps("tcp;ofi_rxm"), DEFAULT_SPEED_MBPS);
+        assert_eq!(
+            unreported_speed_mbps("tcp;ofi_rxm"),
+            crate::nic::DEFAULT_SPEED_MBPS
+        );
         assert!(native_tcp_refusal("tcp", false).is_some());
         assert!(native_tcp_refusal("tcp", true).is_none());
         assert!(native_tcp_refusal("tcp;ofi_rxm", false).is_none());

@@ -23,6 +23,8 @@ fn cand(pass: Pass, provider: &str, domain: &str, hmem: bool, setopt: i32) -> Ca
         caps,
         mr_mode: 0,
         api_version: crate::fabric::fi_version(1, 18),
+        src: None,
+        loopback: domain == "lo",
         setopt: Some(Ok(setopt)),
     }
 }
@@ -165,14 +167,14 @@ fn off_uses_host_buffers_even_when_gpu_would_work() {
 #[test]
 fn host_only_world_falls_back_and_says_why() {
     let c = vec![
-        cand(Pass::Host, "tcp;ofi_rxm", "lo", false, ENOPROTOOPT),
+        cand(Pass::Host, "tcp;ofi_rxm", "eth1", false, ENOPROTOOPT),
         cand(Pass::Host, "tcp;ofi_rxm", "eth0", false, ENOPROTOOPT),
     ];
     let d = decide(&c, &settings("auto"));
     assert_eq!(
         d.devices,
         vec![0, 1],
-        "every domain of the chosen provider is a device"
+        "every interface of the chosen provider is a device"
     );
     assert!(!d.gpu);
     assert!(d.hmem_reason.contains("found nothing"), "{}", d.hmem_reason);
@@ -285,4 +287,73 @@ fn nothing_at_all_is_a_failure_naming_the_request() {
         panic!()
     };
     assert!(text.contains("no libfabric provider matched"), "{text}");
+}
+
+/// tcp;ofi_rxm as fi_getinfo lists it on a host with one NIC: eth0 by link-local IPv6 first,
+/// then IPv4, then loopback by IPv4 and IPv6.
+fn host_with_one_nic() -> Vec<Candidate> {
+    let at = |domain: &str, addr: &str| {
+        let mut c = cand(Pass::Host, "tcp;ofi_rxm", domain, false, ENOPROTOOPT);
+        c.src = Some(addr.parse().unwrap());
+        c
+    };
+    vec![
+        at("eth0", "[fe80::fc:ff:fe00:1]:0"),
+        at("eth0", "192.0.2.2:0"),
+        at("eth0", "[fd00::2]:0"),
+        at("lo", "127.0.0.1:0"),
+        at("lo", "[::1]:0"),
+    ]
+}
+
+#[test]
+fn loopback_is_no_device_beside_a_real_nic() {
+    let world = host_with_one_nic();
+    let d = decide(&world, &settings("auto"));
+    assert_eq!(d.devices, vec![1], "eth0 by IPv4 only: {:?}", d.verdicts);
+    assert!(!d.loopback_only);
+    for i in [3, 4] {
+        assert!(!d.verdicts[i].accepted);
+        assert!(
+            d.verdicts[i].reason.contains(LOOPBACK_LEFT_OUT),
+            "{}",
+            d.verdicts[i].reason
+        );
+    }
+    for i in [0, 2] {
+        assert!(
+            d.verdicts[i].reason.contains("one device per interface"),
+            "{}",
+            d.verdicts[i].reason
+        );
+    }
+}
+
+#[test]
+fn an_interface_without_ipv4_serves_by_its_routable_ipv6() {
+    let mut world = host_with_one_nic();
+    world.remove(1);
+    let d = decide(&world, &settings("auto"));
+    assert_eq!(d.devices, vec![1]);
+    assert!(d.verdicts[1].reason.contains("chosen"));
+}
+
+#[test]
+fn loopback_alone_is_a_device_and_said_so() {
+    let world: Vec<Candidate> = host_with_one_nic().into_iter().skip(3).collect();
+    let d = decide(&world, &settings("auto"));
+    assert_eq!(d.devices, vec![0]);
+    assert!(d.loopback_only);
+    assert!(LOOPBACK_ONLY.contains("this job can span one host"));
+}
+
+#[test]
+fn named_domains_are_devices_loopback_included() {
+    let world = host_with_one_nic();
+    for (named, want) in [("eth0,lo", vec![1, 3]), ("lo", vec![3])] {
+        let s = Settings::from_lookup(|k| (k == crate::settings::DOMAINS).then(|| named.into()))
+            .unwrap();
+        let d = decide(&world, &s);
+        assert_eq!(d.devices, want, "NCCL_FABRIC_DOMAINS={named}");
+    }
 }

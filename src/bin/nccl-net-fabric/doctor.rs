@@ -2,6 +2,8 @@
 
 use nccl_net_fabric::discover::discover;
 use nccl_net_fabric::fabric::{runtime_version, version_string, HEADER_VERSION};
+use nccl_net_fabric::nic::Description;
+use nccl_net_fabric::plugin::describe;
 use nccl_net_fabric::provider::{decide, errno_name, CudaApiAnswer, Failure, Pass};
 use nccl_net_fabric::settings::Settings;
 use std::fmt::Write as _;
@@ -43,6 +45,14 @@ pub fn run(json: bool) -> ExitCode {
         }
     };
     let decision = decide(&discovery.candidates, &settings);
+    // What each device would tell NCCL about itself, as init describes it.
+    let mut described: Vec<(usize, Description)> = Vec::new();
+    for &ci in &decision.devices {
+        let taken: Vec<u64> = described.iter().map(|(_, d)| d.guid).collect();
+        let c = &discovery.candidates[ci];
+        let d = describe(discovery.info(ci), c, settings.speed_mbps, &taken);
+        described.push((ci, d));
+    }
     let runtime = version_string(runtime_version());
     let headers = version_string(HEADER_VERSION);
     let failure = decision.failure.as_ref().map(|f| match f {
@@ -92,6 +102,22 @@ pub fn run(json: bool) -> ExitCode {
                 meaning,
                 decision.devices.iter().position(|&d| d == i).map_or("null".into(), |d| d.to_string()),
                 json_str(&v.reason),
+            );
+        }
+        out.push_str("],\"devices\":[");
+        for (dev, (ci, d)) in described.iter().enumerate() {
+            let _ = write!(
+                out,
+                "{}{{\"device\":{dev},\"domain\":{},\"pci_path\":{},\"pci_source\":{},\"speed_mbps\":{},\"speed_source\":{},\"guid\":{},\"guid_source\":{},\"loopback\":{}}}",
+                if dev > 0 { "," } else { "" },
+                json_str(&discovery.candidates[*ci].domain),
+                d.pci_path.as_ref().map_or("null".into(), |p| json_str(&p.to_string_lossy())),
+                json_str(&d.pci_source),
+                d.speed_mbps,
+                json_str(&d.speed_source),
+                d.guid,
+                json_str(&d.guid_source),
+                discovery.candidates[*ci].loopback,
             );
         }
         out.push_str("]}");
@@ -155,6 +181,16 @@ pub fn run(json: bool) -> ExitCode {
                     decision.provider,
                     decision.devices.len()
                 );
+                for (dev, (ci, d)) in described.iter().enumerate() {
+                    println!(
+                        "dev {dev} {}: {}",
+                        discovery.candidates[*ci].domain,
+                        d.text()
+                    );
+                }
+                if decision.loopback_only {
+                    println!("{}", nccl_net_fabric::provider::LOOPBACK_ONLY);
+                }
                 println!("{}", decision.hmem_reason);
             }
             Some(t) => println!("nothing usable: {t}"),

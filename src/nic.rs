@@ -1,0 +1,412 @@
+//! What the system says about the network interface behind a domain: whether it is the
+//! loopback, its PCI device, its link speed and its hardware address, each with where the
+//! answer came from. NCCL builds its topology, its rails and its GPU-buffer decision from
+//! `pciPath`, `speed` and `guid`, so these come from the machine, not from constants.
+//!
+//! For tcp-based providers (and sockets) a domain is named after its interface (`eth0`);
+//! for RDMA providers after the RDMA device (`mlx5_0`), found under
+//! `/sys/class/infiniband`. The sysfs root is a parameter so that tests can describe
+//! machines they make up.
+
+use std::path::{Path, PathBuf};
+
+/// Speed announced when neither the provider, the kernel nor `NCCL_FABRIC_SPEED_MBPS` gives
+/// one (virtio and many virtual NICs report none): 100 Gb/s, what NCCL itself assumes.
+pub const DEFAULT_SPEED_MBPS: u64 = 100_000;
+
+/// A sysfs tree: `/sys` on a real machine.
+#[derive(Debug, Clone)]
+pub struct Sysfs {
+    root: PathBuf,
+}
+
+impl Default for Sysfs {
+    fn default() -> Self {
+        Self::at("/sys")
+    }
+}
+
+/// `dddd:bb:dd.f`: the name sysfs gives a PCI function.
+pub fn is_pci_address(name: &str) -> bool {
+    let b = name.as_bytes();
+    b.len() == 12
+        && b[4] == b':'
+        && b[7] == b':'
+        && b[10] == b'.'
+        && b.iter()
+            .enumerate()
+            .all(|(i, c)| matches!(i, 4 | 7 | 10) || c.is_ascii_hexdigit())
+}
+
+impl Sysfs {
+    pub fn at(root: impl Into<PathBuf>) -> Self {
+        Sysfs { root: root.into() }
+    }
+
+    fn read(&self, rel: impl AsRef<Path>) -> Option<String> {
+        std::fs::read_to_string(self.root.join(rel))
+            .ok()
+            .map(|s| s.trim().to_string())
+    }
+
+    /// The kernel's directory for a network interface or RDMA device named `domain`.
+    fn class_dir(&self, domain: &str) -> Option<PathBuf> {
+        if domain.is_empty() || domain.contains('/') || domain.starts_with('.') {
+            return None;
+        }
+        ["class/net", "class/infiniband"]
+            .iter()
+            .map(|c| self.root.join(c).join(domain))
+            .find(|p| p.exists())
+    }
+
+    /// Whether `domain` is a network interface the kernel flags as loopback
+    /// (`IFF_LOOPBACK` in `/sys/class/net/<if>/flags`).
+    pub fn is_loopback(&self, domain: &str) -> bool {
+        self.read(format!("class/net/{domain}/flags"))
+            .and_then(|f| u32::from_str_radix(f.trim_start_matches("0x"), 16).ok())
+            .is_some_and(|f| f & libc::IFF_LOOPBACK as u32 != 0)
+    }
+
+    /// The PCI function a sysfs device path sits on: the path itself or its nearest parent
+    /// named like a PCI address (a virtio NIC is `…/0000:00:03.0/virtio2`).
+    fn pci_ancestor(path: &Path) -> Option<PathBuf> {
+        path.ancestors()
+            .find(|p| {
+                p.file_name()
+                    .and_then(|n| n.to_str())
+                    .is_some_and(is_pci_address)
+            })
+            .map(Path::to_path_buf)
+    }
+
+    /// The PCI device behind `domain`, and where it was found: the provider's PCI address
+    /// first, then the real path behind `/sys/class/{net,infiniband}/<domain>/device`.
+    pub fn pci_path(&self, domain: &str, provider_pci: Option<&str>) -> (Option<PathBuf>, String) {
+        if let Some(addr) = provider_pci {
+            let link = self.root.join("bus/pci/devices").join(addr);
+            if let Some(p) = std::fs::canonicalize(&link)
+                .ok()
+                .and_then(|p| Self::pci_ancestor(&p))
+            {
+                return (Some(p), format!("the provider's PCI address {addr}"));
+            }
+        }
+        let Some(dir) = self.class_dir(domain) else {
+            return (
+                None,
+                format!("no {domain} in /sys/class/net or /sys/class/infiniband"),
+            );
+        };
+        let class = dir
+            .parent()
+            .and_then(|p| p.file_name())
+            .map_or(String::new(), |n| n.to_string_lossy().into_owned());
+        let Ok(real) = std::fs::canonicalize(dir.join("device")) else {
+            return (
+                None,
+                format!("/sys/class/{class}/{domain} has no device (a virtual interface)"),
+            );
+        };
+        match Self::pci_ancestor(&real) {
+            Some(p) => {
+                let via = match p == real {
+                    true => String::new(),
+                    false => format!(
+                        ", the parent of its {} device",
+                        real.file_name()
+                            .map_or("".into(), |n| n.to_string_lossy().into_owned())
+                    ),
+                };
+                (Some(p), format!("/sys/class/{class}/{domain}/device{via}"))
+            }
+            None => (None, format!("{} is not on a PCI bus", real.display())),
+        }
+    }
+
+    /// The driver of `domain`'s device (`virtio_net`, `mlx5_core` …), if it has one.
+    pub fn driver(&self, domain: &str) -> Option<String> {
+        let dir = self.class_dir(domain)?;
+        let real = std::fs::canonicalize(dir.join("device/driver")).ok()?;
+        Some(real.file_name()?.to_string_lossy().into_owned())
+    }
+
+    /// The link speed the kernel reports for interface `domain`, in Mb/s (`None` where it
+    /// reports none: -1, unreadable, or no such interface).
+    pub fn speed_mbps(&self, domain: &str) -> Option<u64> {
+        let s: i64 = self
+            .read(format!("class/net/{domain}/speed"))?
+            .parse()
+            .ok()?;
+        u64::try_from(s).ok().filter(|&s| s > 0)
+    }
+
+    /// The interface's hardware address, if it has a non-zero one.
+    pub fn mac(&self, domain: &str) -> Option<u64> {
+        let text = self.read(format!("class/net/{domain}/address"))?;
+        let bytes: Vec<u8> = text
+            .split(':')
+            .map(|h| u8::from_str_radix(h, 16).ok())
+            .collect::<Option<_>>()?;
+        let v = bytes.iter().fold(0u64, |a, &b| (a << 8) | u64::from(b));
+        (bytes.len() >= 6 && v != 0).then_some(v)
+    }
+}
+
+/// What a device tells NCCL about itself, and where each part came from.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Description {
+    pub pci_path: Option<PathBuf>,
+    pub pci_source: String,
+    pub speed_mbps: u64,
+    pub speed_source: String,
+    pub guid: u64,
+    pub guid_source: String,
+}
+
+impl Description {
+    /// One line for TRACE and `doctor`.
+    pub fn text(&self) -> String {
+        format!(
+            "pciPath {} ({}), speed {} Mb/s ({}), guid {:#x} ({}), latency unknown (0)",
+            self.pci_path
+                .as_deref()
+                .map_or("NULL".into(), |p| p.display().to_string()),
+            self.pci_source,
+            self.speed_mbps,
+            self.speed_source,
+            self.guid,
+            self.guid_source
+        )
+    }
+}
+
+/// What the provider reports for an entry, as far as properties go.
+#[derive(Debug, Clone, Default)]
+pub struct ProviderNic {
+    pub speed_bps: Option<u64>,
+    pub pci_address: Option<String>,
+}
+
+/// Describes device `index` on `domain`. `speed_setting`: `NCCL_FABRIC_SPEED_MBPS` (0 when
+/// unset); `unreported`: the speed for a provider that reports no link and has no interface
+/// (shared memory). `taken`: guids of the devices before this one, which this one must not
+/// repeat.
+pub fn describe(
+    sys: &Sysfs,
+    domain: &str,
+    provider: &ProviderNic,
+    speed_setting: u64,
+    unreported: u64,
+    taken: &[u64],
+) -> Description {
+    let (pci_path, pci_source) = sys.pci_path(domain, provider.pci_address.as_deref());
+    let (speed_mbps, speed_source) = if speed_setting > 0 {
+        (speed_setting, "NCCL_FABRIC_SPEED_MBPS".to_string())
+    } else if let Some(bps) = provider.speed_bps.filter(|&b| b > 0) {
+        (
+            (bps / 1_000_000).max(1),
+            "the provider's link attributes".into(),
+        )
+    } else if let Some(s) = sys.speed_mbps(domain) {
+        (s, format!("/sys/class/net/{domain}/speed"))
+    } else if sys.class_dir(domain).is_some() {
+        let kind = match sys.driver(domain) {
+            Some(d) => format!("driver {d}"),
+            None if sys.is_loopback(domain) => "loopback".into(),
+            None => "a virtual interface".into(),
+        };
+        (
+            DEFAULT_SPEED_MBPS,
+            format!(
+                "default: the kernel reports no speed for {domain} ({kind}); \
+                 NCCL_FABRIC_SPEED_MBPS sets it"
+            ),
+        )
+    } else {
+        (
+            unreported,
+            "default for a provider that reports no link; NCCL_FABRIC_SPEED_MBPS sets it".into(),
+        )
+    };
+    let (mut guid, guid_source) = match sys.mac(domain) {
+        Some(mac) => (mac, format!("{domain}'s hardware address")),
+        None => (fnv1a(domain.as_bytes()), "a hash of the domain name".into()),
+    };
+    // Two devices with one guid are ports of one NIC to NCCL: keep them apart.
+    while taken.contains(&guid) {
+        guid = guid.wrapping_add(1 << 48);
+    }
+    Description {
+        pci_path,
+        pci_source,
+        speed_mbps,
+        speed_source,
+        guid,
+        guid_source,
+    }
+}
+
+fn fnv1a(bytes: &[u8]) -> u64 {
+    bytes.iter().fold(0xcbf2_9ce4_8422_2325, |h, &b| {
+        (h ^ u64::from(b)).wrapping_mul(0x0000_0100_0000_01b3)
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::unix::fs::symlink;
+
+    /// A made-up machine: eth0 a virtio NIC on PCI 0000:00:03.0 with no speed, ib0 a
+    /// PCI NIC at 25 Gb/s, an RDMA device mlx5_0 on the same function, lo, and a veth.
+    fn machine() -> (PathBuf, Sysfs) {
+        let root = std::env::temp_dir().join(format!(
+            "nfab-sysfs-{}-{:x}",
+            std::process::id(),
+            crate::random::u64()
+        ));
+        let pci = root.join("devices/pci0000:00");
+        let virtio = pci.join("0000:00:03.0/virtio2");
+        let nic = pci.join("0000:00:04.0");
+        for d in [
+            &virtio,
+            &nic,
+            &root.join("bus/pci/drivers/virtio-pci"),
+            &root.join("bus/virtio/drivers/virtio_net"),
+        ] {
+            std::fs::create_dir_all(d).unwrap();
+        }
+        symlink(
+            root.join("bus/virtio/drivers/virtio_net"),
+            virtio.join("driver"),
+        )
+        .unwrap();
+        let add = |class: &str, name: &str, files: &[(&str, &str)], device: Option<&Path>| {
+            let dir = root.join("class").join(class).join(name);
+            std::fs::create_dir_all(&dir).unwrap();
+            for (f, v) in files {
+                std::fs::write(dir.join(f), format!("{v}\n")).unwrap();
+            }
+            if let Some(d) = device {
+                symlink(d, dir.join("device")).unwrap();
+            }
+        };
+        add(
+            "net",
+            "eth0",
+            &[
+                ("speed", "-1"),
+                ("flags", "0x1003"),
+                ("address", "02:fc:00:00:00:01"),
+            ],
+            Some(&virtio),
+        );
+        add(
+            "net",
+            "ib0",
+            &[
+                ("speed", "25000"),
+                ("flags", "0x1003"),
+                ("address", "0c:42:a1:00:00:02"),
+            ],
+            Some(&nic),
+        );
+        add("infiniband", "mlx5_0", &[], Some(&nic));
+        add(
+            "net",
+            "lo",
+            &[("flags", "0x9"), ("address", "00:00:00:00:00:00")],
+            None,
+        );
+        add(
+            "net",
+            "veth0",
+            &[
+                ("speed", "10000"),
+                ("flags", "0x1003"),
+                ("address", "aa:bb:cc:dd:ee:ff"),
+            ],
+            None,
+        );
+        std::fs::create_dir_all(root.join("bus/pci/devices")).unwrap();
+        symlink(&nic, root.join("bus/pci/devices/0000:00:04.0")).unwrap();
+        (root.clone(), Sysfs::at(root))
+    }
+
+    #[test]
+    fn pci_addresses() {
+        assert!(is_pci_address("0000:00:03.0"));
+        assert!(is_pci_address("abcd:ef:1f.7"));
+        assert!(!is_pci_address("virtio2"));
+        assert!(!is_pci_address("pci0000:00"));
+        assert!(!is_pci_address("0000:00:03:0"));
+    }
+
+    #[test]
+    fn a_made_up_machine_is_described_truly() {
+        let (root, sys) = machine();
+        let none = ProviderNic::default();
+        let eth0 = describe(&sys, "eth0", &none, 0, 1, &[]);
+        let canon = |p: &str| std::fs::canonicalize(root.join(p)).unwrap();
+        assert_eq!(
+            eth0.pci_path,
+            Some(canon("devices/pci0000:00/0000:00:03.0"))
+        );
+        assert!(
+            eth0.pci_source.contains("parent of its virtio2 device"),
+            "{}",
+            eth0.pci_source
+        );
+        assert_eq!(eth0.speed_mbps, DEFAULT_SPEED_MBPS);
+        assert!(
+            eth0.speed_source.contains("driver virtio_net"),
+            "{}",
+            eth0.speed_source
+        );
+        assert_eq!(eth0.guid, 0x02fc_0000_0001);
+
+        let ib0 = describe(&sys, "ib0", &none, 0, 1, &[eth0.guid]);
+        assert_eq!(ib0.pci_path, Some(canon("devices/pci0000:00/0000:00:04.0")));
+        assert_eq!(
+            (ib0.speed_mbps, ib0.speed_source.as_str()),
+            (25_000, "/sys/class/net/ib0/speed")
+        );
+
+        let rdma = ProviderNic {
+            speed_bps: Some(200_000_000_000),
+            pci_address: Some("0000:00:04.0".into()),
+        };
+        let mlx = describe(&sys, "mlx5_0", &rdma, 0, 1, &[]);
+        assert_eq!(mlx.pci_path, ib0.pci_path);
+        assert_eq!(mlx.speed_mbps, 200_000);
+        assert!(mlx.pci_source.contains("0000:00:04.0"));
+        assert!(describe(&sys, "mlx5_0", &rdma, 7, 1, &[])
+            .speed_source
+            .contains("NCCL_FABRIC_SPEED_MBPS"));
+
+        let veth = describe(&sys, "veth0", &none, 0, 1, &[]);
+        assert_eq!(veth.pci_path, None);
+        assert!(
+            veth.pci_source.contains("virtual interface"),
+            "{}",
+            veth.pci_source
+        );
+        assert_eq!(veth.speed_mbps, 10_000);
+
+        let lo = describe(&sys, "lo", &none, 0, 1, &[]);
+        assert!(sys.is_loopback("lo") && !sys.is_loopback("eth0") && !sys.is_loopback("nope"));
+        assert!(lo.speed_source.contains("loopback"), "{}", lo.speed_source);
+        assert_eq!(lo.guid_source, "a hash of the domain name");
+
+        let shm = describe(&sys, "shm", &none, 0, 400_000, &[]);
+        assert_eq!((shm.pci_path.as_ref(), shm.speed_mbps), (None, 400_000));
+        // Same guid twice: the second device gets another.
+        let again = describe(&sys, "eth0", &none, 0, 1, &[eth0.guid]);
+        assert_ne!(again.guid, eth0.guid);
+        assert!(describe(&sys, "../etc", &none, 0, 1, &[])
+            .pci_path
+            .is_none());
+        let _ = std::fs::remove_dir_all(root);
+    }
+}
