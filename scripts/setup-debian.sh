@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Installs what building and testing nccl-net-fabric needs on a Debian 12 machine:
-# libfabric 1.17 (headers, library, fi_info), libclang for bindgen, and the autotools
+# libfabric 1.17 (headers, library, fi_info), libclang for bindgen, iproute2 and util-linux
+# for the tests' hosts (network namespaces joined by veth pairs), and the autotools
 # that build libfabric 2.1 from source (scripts/build-libfabric.sh).
 # Safe to run again: apt-get skips what is already installed.
 set -euo pipefail
@@ -11,7 +12,7 @@ packages=(
   libclang-dev clang
   autoconf automake libtool make xz-utils
   dpkg-dev ca-certificates
-  valgrind util-linux
+  valgrind util-linux iproute2
 )
 
 missing=()

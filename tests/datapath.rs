@@ -337,6 +337,31 @@ fn two_processes() {
     }
 }
 
+/// The same two ranks on two hosts (network namespaces joined by a veth pair), with no
+/// domain filter: what a job across machines runs.
+#[test]
+fn two_processes_on_two_hosts() {
+    use common::hosts::{host_env, hosts_or_skip, pair_on_hosts, providers, Hosts};
+    if !hosts_or_skip() {
+        return;
+    }
+    for p in providers() {
+        for threads in ["no", "yes"] {
+            let hosts = Hosts::new(2);
+            let env = host_env(p, &[("NCCL_FABRIC_PROGRESS_THREAD", threads)]);
+            let (a, b) = pair_on_hosts(&hosts, "child_process_rank", &env, CHILD_TIMEOUT);
+            for (name, f) in [("a", a.finish()), ("b", b.finish())] {
+                assert!(
+                    f.success,
+                    "rank {name} over {p} (progress threads {threads}) on two hosts failed\n--- \
+                     stdout\n{}\n--- stderr\n{}",
+                    f.stdout, f.stderr
+                );
+            }
+        }
+    }
+}
+
 // ---------------------------------------------------------------------------------------
 // 16 comm pairs at once.
 

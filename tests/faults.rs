@@ -133,6 +133,32 @@ fn a_truncated_receive_fails_alone() {
     }
 }
 
+#[test]
+fn a_truncated_receive_fails_alone_across_hosts() {
+    use common::hosts::{host_env, hosts_or_skip, providers, Hosts};
+    if !hosts_or_skip() {
+        return;
+    }
+    for p in providers() {
+        let hosts = Hosts::new(2);
+        let env = host_env(p, &[]);
+        let mut r = hosts.spawn(0, "child_truncation_receiver", &env, scaled(CHILD));
+        let mut s = hosts.spawn(1, "child_truncation_sender", &env, scaled(CHILD));
+        s.send_line(&r.read_result("handles"));
+        r.read_result("posted");
+        s.send_line("go");
+        let (fr, fs) = (r.finish(), s.finish());
+        ok(&fr, &format!("receiver over {p} on two hosts"));
+        ok(&fs, &format!("sender over {p} on two hosts"));
+        let line = fr.result("truncated").expect("truncated");
+        eprintln!("{p} across hosts: truncated receive: {line}");
+        assert!(
+            line.starts_with(&format!("{} ", NcclResult::InternalError as i32)),
+            "over {p}: {line}"
+        );
+    }
+}
+
 // ---------------------------------------------------------------------------------------
 // 2. A peer killed on another host (a pid namespace of its own), both directions.
 
@@ -273,6 +299,48 @@ fn a_peer_killed_on_another_host_is_reported() {
                     f.stderr
                 );
             }
+        }
+    }
+}
+
+/// The doomed peer on a host of its own (network, pid and mount namespaces): killed there,
+/// the survivor hears nothing from the kernel of its host, only silence.
+#[test]
+fn a_peer_killed_on_another_network_host_is_reported() {
+    use common::hosts::{host_env, hosts_or_skip, providers, Hosts};
+    if !hosts_or_skip() {
+        return;
+    }
+    for p in providers() {
+        for survivor_receives in [true, false] {
+            let hosts = Hosts::new(2);
+            let mut env = host_env(p, &[]);
+            if survivor_receives {
+                env.push(("NFAB_DOOMED_SENDS".into(), "1".into()));
+            }
+            let mut survivor = hosts.spawn(0, "child_survivor", &env, scaled(CHILD));
+            let mut doomed = hosts.spawn(1, "child_doomed_peer", &env, scaled(CHILD));
+            let hs = survivor.read_result("handle");
+            let hd = doomed.read_result("handle");
+            survivor.send_line(&hd);
+            doomed.send_line(&hs);
+            doomed.read_result("streaming");
+            std::thread::sleep(Duration::from_millis(300));
+            doomed.kill();
+            let f = survivor.finish();
+            let case = format!(
+                "{p} across hosts, survivor {}",
+                if survivor_receives {
+                    "receiving"
+                } else {
+                    "sending"
+                }
+            );
+            ok(&f, &case);
+            let line = f.result("error").expect("error");
+            eprintln!("{case}: {line}, close {:?} ms", f.result("close_ms"));
+            let code: i32 = line.split_whitespace().next().unwrap().parse().unwrap();
+            assert_eq!(code, NcclResult::RemoteError as i32, "{case}: {line}");
         }
     }
 }
@@ -675,7 +743,11 @@ fn child_stranger_target() {
 #[ignore = "child process of another test"]
 fn child_stranger() {
     let provider = std::env::var("NCCL_FABRIC_PROVIDER").unwrap();
-    let domain = if provider == "shm" { "shm" } else { "lo" };
+    let domain = match provider.as_str() {
+        "shm" => "shm",
+        _ if common::hosts::on_a_host() => common::hosts::IFACE,
+        _ => "lo",
+    };
     let h = handle_from_hex(&read_stdin_line(scaled(30.0))).expect("handle");
     let h = Handle::read(&h).expect("decode");
     let mut s = Stranger::open(&provider, domain);
@@ -729,6 +801,41 @@ fn a_stranger_on_raw_libfabric_disturbs_nothing() {
             ft.result("stranger"),
             fs.result("write")
         );
+        let code: i32 = ft
+            .result("stranger")
+            .unwrap()
+            .split_whitespace()
+            .next()
+            .unwrap()
+            .parse()
+            .unwrap();
+        assert_eq!(
+            code,
+            NcclResult::RemoteError as i32,
+            "over {p}: {}",
+            ft.stderr
+        );
+    }
+}
+
+/// The stranger on another host, reaching the target over the link between them.
+#[test]
+fn a_stranger_on_another_host_disturbs_nothing() {
+    use common::hosts::{host_env, hosts_or_skip, providers, Hosts};
+    if !hosts_or_skip() {
+        return;
+    }
+    for p in providers() {
+        let hosts = Hosts::new(2);
+        let env = host_env(p, &[]);
+        let mut target = hosts.spawn(0, "child_stranger_target", &env, scaled(CHILD));
+        let mut stranger = hosts.spawn(1, "child_stranger", &env, scaled(CHILD));
+        stranger.send_line(&target.read_result("handle"));
+        let ft = target.finish();
+        stranger.try_send_line("done");
+        let fs = stranger.finish();
+        ok(&ft, &format!("target over {p} across hosts"));
+        ok(&fs, &format!("stranger over {p} across hosts"));
         let code: i32 = ft
             .result("stranger")
             .unwrap()

@@ -7,6 +7,7 @@
 #![allow(dead_code)]
 
 pub mod corpus;
+pub mod hosts;
 pub mod scenario;
 pub mod stranger;
 

@@ -1,0 +1,370 @@
+//! Hosts for tests: each a network, pid and mount namespace of its own (sysfs and /proc
+//! mounted anew, so the plugin sees that host's interfaces only), joined to the others by
+//! veth pairs: one pair between two hosts, a bridge in a namespace of its own for more.
+//! Each host has one interface, `eth0` (a veth), with an IPv4 and an IPv6 address on that link and
+//! no route anywhere else, and `lo` up beside it, as a real host has.
+//!
+//! A host lives as long as its holder process (`unshare … cat`, pid 1 of the host's pid
+//! namespace), which reads a pipe from the test: whatever ends the test, even SIGKILL,
+//! closes the pipe, the holder exits, the kernel kills every process of the host and
+//! deletes its namespace and its interfaces. Nothing is named in /run/netns, so nothing can
+//! be left behind. Ranks run inside a host through `nsenter`, with a parent-death signal so
+//! that killing the rank's `nsenter` kills the rank.
+
+use super::*;
+use std::net::Ipv4Addr;
+use std::process::{Child, Command, Stdio};
+
+/// The interface every host has towards the others: a veth, named as containers name theirs
+/// (the plugin leaves `veth*` out by default: those are the host-side ends of containers).
+pub const IFACE: &str = "eth0";
+
+/// One host: its holder process and the address of its `eth0`.
+pub struct Host {
+    holder: Child,
+    /// The holder's pid as this (the root) pid namespace sees it.
+    pid: u32,
+    pub addr: Ipv4Addr,
+    pub index: usize,
+}
+
+/// Whether this machine can make hosts: root, with `unshare`, `nsenter` and `ip`.
+pub fn available() -> Result<(), String> {
+    for tool in ["unshare", "nsenter", "ip", "setpriv"] {
+        let found = Command::new("sh")
+            .args(["-c", &format!("command -v {tool}")])
+            .stdout(Stdio::null())
+            .status()
+            .is_ok_and(|s| s.success());
+        if !found {
+            return Err(format!(
+                "{tool} not found (scripts/setup-debian.sh installs it)"
+            ));
+        }
+    }
+    let ok = Command::new("unshare")
+        .args(["--net", "--pid", "--mount", "--fork", "true"])
+        .status()
+        .is_ok_and(|s| s.success());
+    if !ok {
+        return Err("unshare --net --pid --mount is not permitted (run as root)".into());
+    }
+    Ok(())
+}
+
+/// Runs `ip` (or another command) in `pid`'s network namespace; panics with its output if
+/// it fails.
+fn in_netns(pid: u32, args: &[&str]) {
+    let out = run_command(
+        Command::new("nsenter")
+            .args(["--target", &pid.to_string(), "--net", "--"])
+            .args(args),
+        Duration::from_secs(10),
+    );
+    assert!(
+        out.status.success(),
+        "{args:?} in the namespace of {pid} failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// Starts a holder in new network, pid and mount namespaces; returns it and its pid.
+fn holder() -> (Child, u32) {
+    let mut child = Command::new("unshare")
+        .args([
+            "--net",
+            "--pid",
+            "--mount",
+            "--fork",
+            "--kill-child",
+            "--mount-proc",
+            "--propagation",
+            "private",
+            "sh",
+            "-c",
+            // sysfs of this network namespace, so /sys/class/net shows this host's interfaces.
+            "mount -t sysfs sysfs /sys && echo ready && exec cat >/dev/null",
+        ])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .expect("spawn unshare");
+    let mut line = String::new();
+    let mut out = BufReader::new(child.stdout.take().expect("holder stdout"));
+    let _ = out.read_line(&mut line);
+    assert_eq!(line.trim(), "ready", "the host's holder did not start");
+    // unshare forked the holder: its only child.
+    let outer = child.id();
+    let children = format!("/proc/{outer}/task/{outer}/children");
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let pid = loop {
+        let text = std::fs::read_to_string(&children).unwrap_or_default();
+        if let Some(p) = text.split_whitespace().next().and_then(|p| p.parse().ok()) {
+            break p;
+        }
+        assert!(Instant::now() < deadline, "no holder under unshare {outer}");
+        std::thread::sleep(Duration::from_millis(10));
+    };
+    (child, pid)
+}
+
+/// Addresses of test hosts: 198.18.0.0/15 is set aside for benchmarking networks
+/// (RFC 2544) and reaches nothing real; each set of hosts takes a /24 of its own.
+fn subnet() -> u8 {
+    (nccl_net_fabric::random::u64() % 250) as u8 + 1
+}
+
+/// Hosts joined into one network, removed on drop.
+pub struct Hosts {
+    pub hosts: Vec<Host>,
+    /// The bridge's namespace, for more than two hosts.
+    switch: Option<(Child, u32)>,
+}
+
+impl Hosts {
+    /// `n` hosts: two joined by one veth pair, more through a bridge.
+    pub fn new(n: usize) -> Self {
+        Self::build(n, n > 2)
+    }
+
+    /// `n` hosts on a bridge, even for two: a host that vanishes takes only its own link.
+    pub fn switched(n: usize) -> Self {
+        Self::build(n, true)
+    }
+
+    fn build(n: usize, bridge: bool) -> Self {
+        assert!(n >= 2);
+        let net = subnet();
+        let mut hosts: Vec<Host> = (0..n)
+            .map(|index| {
+                let (holder, pid) = holder();
+                Host {
+                    holder,
+                    pid,
+                    addr: Ipv4Addr::new(198, 18, net, index as u8 + 1),
+                    index,
+                }
+            })
+            .collect();
+        let switch = bridge.then(holder);
+        match &switch {
+            None => {
+                let peer = hosts[1].pid.to_string();
+                in_netns(
+                    hosts[0].pid,
+                    &[
+                        "ip", "link", "add", IFACE, "type", "veth", "peer", "name", IFACE, "netns",
+                        &peer,
+                    ],
+                );
+            }
+            Some((_, sw)) => {
+                let sw_s = sw.to_string();
+                in_netns(*sw, &["ip", "link", "add", "br0", "type", "bridge"]);
+                in_netns(*sw, &["ip", "link", "set", "br0", "up"]);
+                for h in &hosts {
+                    let port = format!("port{}", h.index);
+                    in_netns(
+                        h.pid,
+                        &[
+                            "ip", "link", "add", IFACE, "type", "veth", "peer", "name", &port,
+                            "netns", &sw_s,
+                        ],
+                    );
+                    in_netns(*sw, &["ip", "link", "set", &port, "master", "br0"]);
+                    in_netns(*sw, &["ip", "link", "set", &port, "up"]);
+                }
+            }
+        }
+        for h in &mut hosts {
+            let v4 = format!("{}/24", h.addr);
+            let v6 = format!("fd00:198:18:{net}::{}/64", h.index + 1);
+            in_netns(h.pid, &["ip", "link", "set", "lo", "up"]);
+            in_netns(h.pid, &["ip", "addr", "add", &v4, "dev", IFACE]);
+            in_netns(
+                h.pid,
+                &["ip", "-6", "addr", "add", &v6, "dev", IFACE, "nodad"],
+            );
+            in_netns(h.pid, &["ip", "link", "set", IFACE, "up"]);
+        }
+        let hosts = Hosts { hosts, switch };
+        hosts.wait_reachable();
+        hosts
+    }
+
+    /// Waits until every host's link is up (a veth reports its carrier a moment later).
+    fn wait_reachable(&self) {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        for h in &self.hosts {
+            loop {
+                let state = self.operstate(h.index);
+                if state == "up" {
+                    break;
+                }
+                assert!(
+                    Instant::now() < deadline,
+                    "host {}'s {IFACE} is {state}",
+                    h.index
+                );
+                std::thread::sleep(Duration::from_millis(20));
+            }
+        }
+    }
+
+    /// `eth0`'s operational state on host `i`, as that host's kernel reports it.
+    pub fn operstate(&self, i: usize) -> String {
+        let out = run_command(
+            Command::new("nsenter")
+                .args([
+                    "--target",
+                    &self.hosts[i].pid.to_string(),
+                    "--net",
+                    "--mount",
+                    "--",
+                ])
+                .args(["cat", &format!("/sys/class/net/{IFACE}/operstate")]),
+            Duration::from_secs(10),
+        );
+        String::from_utf8_lossy(&out.stdout).trim().to_string()
+    }
+
+    /// The wrapper that runs a child inside host `i`.
+    pub fn wrapper(&self, i: usize) -> Vec<String> {
+        [
+            "nsenter",
+            "--target",
+            &self.hosts[i].pid.to_string(),
+            "--net",
+            "--pid",
+            "--mount",
+            "--",
+            "setpriv",
+            "--pdeathsig",
+            "KILL",
+        ]
+        .iter()
+        .map(|s| s.to_string())
+        .collect()
+    }
+
+    /// Starts child test `name` as a rank on host `i`.
+    pub fn spawn(
+        &self,
+        i: usize,
+        name: &str,
+        env: &[(String, String)],
+        timeout: Duration,
+    ) -> ChildTest {
+        let wrapper = self.wrapper(i);
+        let w: Vec<&str> = wrapper.iter().map(String::as_str).collect();
+        let mut env = env.to_vec();
+        env.push(("NFAB_HOST".into(), i.to_string()));
+        spawn_child_in(name, &env, timeout, &w)
+    }
+
+    /// Takes host `i`'s link down (`up`: false) or up again.
+    pub fn set_link(&self, i: usize, up: bool) {
+        let state = if up { "up" } else { "down" };
+        in_netns(self.hosts[i].pid, &["ip", "link", "set", IFACE, state]);
+    }
+
+    /// Host `i` vanishes: its holder is killed, and with it every process of the host, its
+    /// namespace and its link.
+    pub fn vanish(&mut self, i: usize) {
+        let h = &mut self.hosts[i];
+        let _ = h.holder.kill();
+        let _ = h.holder.wait();
+        let gone = Instant::now() + Duration::from_secs(10);
+        while std::path::Path::new(&format!("/proc/{}", h.pid)).exists() {
+            assert!(Instant::now() < gone, "host {i}'s holder is still there");
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+
+    /// The pids of every holder: namespaces that must be gone once this is dropped.
+    pub fn holders(&self) -> Vec<u32> {
+        self.hosts
+            .iter()
+            .map(|h| h.pid)
+            .chain(self.switch.as_ref().map(|s| s.1))
+            .collect()
+    }
+}
+
+impl Drop for Hosts {
+    fn drop(&mut self) {
+        for h in &mut self.hosts {
+            let _ = h.holder.kill();
+            let _ = h.holder.wait();
+        }
+        if let Some((c, _)) = &mut self.switch {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
+/// The two-host exchange of handles: starts `name` on hosts 0 and 1, hands each the other's
+/// `RESULT handle=`, and returns both.
+pub fn pair_on_hosts(
+    hosts: &Hosts,
+    name: &str,
+    env: &[(String, String)],
+    timeout: Duration,
+) -> (ChildTest, ChildTest) {
+    let mut a = hosts.spawn(0, name, env, timeout);
+    let mut b = hosts.spawn(1, name, env, timeout);
+    let ha = a.read_result("handle");
+    let hb = b.read_result("handle");
+    a.send_line(&hb);
+    b.send_line(&ha);
+    (a, b)
+}
+
+/// Providers that reach other hosts: `tcp;ofi_rxm`, and native `tcp` where libfabric has it
+/// (>= 1.18).
+pub fn providers() -> Vec<&'static str> {
+    let mut p = vec!["tcp;ofi_rxm"];
+    if libfabric_version() >= (1, 18) {
+        p.push("tcp");
+    }
+    p
+}
+
+/// A rank's environment on a host: the provider, no domain filter (what a real host gets),
+/// warnings only, plus `extra`.
+pub fn host_env(provider: &str, extra: &[(&str, &str)]) -> Vec<(String, String)> {
+    let mut env: Vec<(String, String)> = [
+        ("NCCL_FABRIC_PROVIDER", provider),
+        ("NCCL_FABRIC_LOG", "warn"),
+    ]
+    .iter()
+    .chain(extra)
+    .map(|(k, v)| (k.to_string(), v.to_string()))
+    .collect();
+    if provider == "tcp" {
+        env.push(("NCCL_FABRIC_ALLOW_NATIVE_TCP".into(), "yes".into()));
+    }
+    env
+}
+
+/// Whether hosts can be made here; where not, says why and the test returns early, except
+/// in CI (which runs as root), where it fails.
+pub fn hosts_or_skip() -> bool {
+    match available() {
+        Ok(()) => true,
+        Err(why) if std::env::var_os("CI").is_some() => {
+            panic!("hosts cannot be made in CI: {why}")
+        }
+        Err(why) => {
+            eprintln!("SKIPPED: {why}");
+            false
+        }
+    }
+}
+
+/// Whether this process is a rank started inside a host.
+pub fn on_a_host() -> bool {
+    std::env::var_os("NFAB_HOST").is_some()
+}
