@@ -80,15 +80,15 @@ impl Sysfs {
             .map(Path::to_path_buf)
     }
 
-    /// The PCI device behind `domain`, and where it was found: the provider's PCI address
-    /// first, then the real path behind `/sys/class/{net,infiniband}/<domain>/device`.
+    /// The device behind `domain` in sysfs, and where it was found: the provider's PCI
+    /// address first, then the real path behind `/sys/class/{net,infiniband}/<domain>/device`,
+    /// as NCCL's own Socket and IB transports report it. A virtio NIC's device is a virtio
+    /// device (`…/0000:00:03.0/virtio2`), not a PCI function: NCCL attaches such a NIC to
+    /// the CPU, as it does for its Socket transport on the same interface.
     pub fn pci_path(&self, domain: &str, provider_pci: Option<&str>) -> (Option<PathBuf>, String) {
         if let Some(addr) = provider_pci {
             let link = self.root.join("bus/pci/devices").join(addr);
-            if let Some(p) = std::fs::canonicalize(&link)
-                .ok()
-                .and_then(|p| Self::pci_ancestor(&p))
-            {
+            if let Ok(p) = std::fs::canonicalize(&link) {
                 return (Some(p), format!("the provider's PCI address {addr}"));
             }
         }
@@ -108,20 +108,24 @@ impl Sysfs {
                 format!("/sys/class/{class}/{domain} has no device (a virtual interface)"),
             );
         };
-        match Self::pci_ancestor(&real) {
-            Some(p) => {
-                let via = match p == real {
-                    true => String::new(),
-                    false => format!(
-                        ", the parent of its {} device",
-                        real.file_name()
-                            .map_or("".into(), |n| n.to_string_lossy().into_owned())
-                    ),
-                };
-                (Some(p), format!("/sys/class/{class}/{domain}/device{via}"))
-            }
-            None => (None, format!("{} is not on a PCI bus", real.display())),
-        }
+        let whose = format!("the real path behind /sys/class/{class}/{domain}/device");
+        let on_pci = |p: &Path| {
+            p.file_name()
+                .and_then(|n| n.to_str())
+                .is_some_and(is_pci_address)
+        };
+        let note = match Self::pci_ancestor(&real) {
+            _ if on_pci(&real) => String::new(),
+            Some(function) => format!(
+                "; not a PCI function itself (it sits on {}): NCCL attaches it to the CPU, as \
+                 for its own Socket transport",
+                function
+                    .file_name()
+                    .map_or("".into(), |n| n.to_string_lossy().into_owned())
+            ),
+            None => "; not on a PCI bus: NCCL attaches it to the CPU".into(),
+        };
+        (Some(real), format!("{whose}{note}"))
     }
 
     /// The driver of `domain`'s device (`virtio_net`, `mlx5_core` …), if it has one.
@@ -351,10 +355,12 @@ mod tests {
         let canon = |p: &str| std::fs::canonicalize(root.join(p)).unwrap();
         assert_eq!(
             eth0.pci_path,
-            Some(canon("devices/pci0000:00/0000:00:03.0"))
+            // As NCCL's Socket transport reports it: the virtio device, which sits on a PCI
+            // function but is none.
+            Some(canon("devices/pci0000:00/0000:00:03.0/virtio2"))
         );
         assert!(
-            eth0.pci_source.contains("parent of its virtio2 device"),
+            eth0.pci_source.contains("it sits on 0000:00:03.0"),
             "{}",
             eth0.pci_source
         );
@@ -368,6 +374,11 @@ mod tests {
 
         let ib0 = describe(&sys, "ib0", &none, 0, 1, &[eth0.guid]);
         assert_eq!(ib0.pci_path, Some(canon("devices/pci0000:00/0000:00:04.0")));
+        assert!(
+            !ib0.pci_source.contains("not a PCI function"),
+            "{}",
+            ib0.pci_source
+        );
         assert_eq!(
             (ib0.speed_mbps, ib0.speed_source.as_str()),
             (25_000, "/sys/class/net/ib0/speed")

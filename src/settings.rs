@@ -63,8 +63,9 @@ pub const TABLE: &[Setting] = &[
         name: DOMAINS,
         kind: Kind::List,
         default: "",
-        meaning: "only these domains (interfaces such as `eth0`, or `shm`) become NCCL devices; \
-                  empty = all. A trailing `*` matches a prefix",
+        meaning: "only these domains (interfaces such as `eth0`, or `shm`) become NCCL devices, \
+                  `lo` included; empty = every interface of the chosen provider, loopback only \
+                  where there is no other. A trailing `*` matches a prefix",
     },
     Setting {
         name: EXCLUDE_DOMAINS,
@@ -141,8 +142,9 @@ pub const TABLE: &[Setting] = &[
         kind: Kind::Number { min: 0, max: 10_000_000 },
         default: "0",
         meaning: "link speed reported to NCCL, in Mbps (NCCL sizes its channel count by it); 0 = \
-                  from the provider's link attributes, or when it reports none 400000 for shm \
-                  and sm2 and 100000 otherwise",
+                  from the provider's link attributes, else the kernel's \
+                  (`/sys/class/net/<if>/speed`), else 100000 (virtio and other NICs that report \
+                  none) or 400000 for shm and sm2",
     },
     Setting {
         name: ALLOW_TCP_RDM,

@@ -37,6 +37,12 @@
 #   pack         the libfabric and nccl-tests builds as $OUT/builds.tar.xz, to unpack into
 #                .scratch/gpu-work on the next machine (the libfabric and nccltests stages
 #                then find them built)
+#   hosts        two ranks as two hosts on one GPU (MPS, NCCL_HOSTID per rank, mpirun -np 2
+#                --bind-to none), all_reduce_perf -f 2: the plugin with no NCCL_FABRIC_* set and
+#                with $HOSTS_FABRIC_VARIANTS, Socket as shipped, 4x4 and 2x8; CPU seconds, peak
+#                RSS, the plugin's INFO lines, which NET devices NCCL's channels use, and the
+#                time per size side by side (scripts/gpu/sizes.py). A variant holding the word
+#                `baseline` runs the plugin in $BASELINE_DIR; HOSTS_NO_SOCKET=1 skips Socket
 #   all          libfabric nccltests doctor loading collectives variants mpi torch (about 10 min)
 #   issue10      libfabric nccltests compare torch loading
 #
@@ -523,6 +529,81 @@ stage_memory() {
     run "mem-rxm-${spec%%:*}" all_reduce_perf $(fabric) NCCL_FABRIC_PROVIDER="tcp;ofi_rxm" $(echo "${spec#*:}" | tr , ' ')
   done
   run mem-shm all_reduce_perf $(fabric) NCCL_FABRIC_PROVIDER=shm
+}
+
+# MPS, so that two ranks on the one GPU run their kernels at once.
+start_mps() {
+  export CUDA_MPS_PIPE_DIRECTORY=/tmp/mps CUDA_MPS_LOG_DIRECTORY=/tmp/mpslog
+  mkdir -p "$CUDA_MPS_PIPE_DIRECTORY" "$CUDA_MPS_LOG_DIRECTORY"
+  pgrep -f nvidia-cuda-mps-control >/dev/null || nvidia-cuda-mps-control -d
+}
+
+# hosts_run NAME TEST [VAR=VALUE ...]: TEST as two ranks, each a host of its own to NCCL
+# (NCCL_HOSTID), on GPU 0, every byte over the network transport; CPU seconds of both ranks,
+# peak RSS of the larger.
+hosts_run() {
+  local name=$1 test=$2
+  shift 2
+  local logf=$OUT/logs/$name.log cost=$OUT/logs/$name.cost start=$SECONDS
+  log "run $name ($test, two hosts)"
+  rm -f "$cost"
+  python3 scripts/gpu/measure.py "$cost" timeout -k 10 "$TIMEOUT" \
+    mpirun --allow-run-as-root --bind-to none -np 2 \
+    bash -c 'export NCCL_HOSTID=h$OMPI_COMM_WORLD_RANK; exec env "$@"' _ \
+    NCCL_TESTS_DEVICE=0 NCCL_DEBUG=INFO NCCL_DEBUG_SUBSYS=INIT,NET "$@" \
+    "$NCCL_TESTS_MPI_DIR/$test" -b "$MINBYTES" -e "$MAXBYTES" -f 2 -g 1 -n "$ITERS" -w "$WARMUP" \
+    >"$logf" 2>&1
+  row "$name" "$test" "$logf" $? $((SECONDS - start)) "$(cat "$cost" 2>/dev/null)"
+}
+
+stage_hosts() {
+  plugin_env
+  start_mps
+  local fab=(NCCL_NET=Fabric NCCL_NET_PLUGIN="$PLUGIN_LIB/libnccl-net-fabric.so")
+  local names=() v i=0
+  table_header "Two ranks as two hosts on one GPU (MPS), all_reduce_perf -b $MINBYTES -e $MAXBYTES -f 2 -n $ITERS -w $WARMUP"
+  if [ -z "${HOSTS_NO_SOCKET:-}" ]; then
+    hosts_run hosts-socket all_reduce_perf NCCL_NET=Socket NCCL_NET_PLUGIN=none
+    hosts_run hosts-socket4x4 all_reduce_perf NCCL_NET=Socket NCCL_NET_PLUGIN=none \
+      NCCL_SOCKET_NTHREADS=4 NCCL_NSOCKS_PERTHREAD=4
+    hosts_run hosts-socket2x8 all_reduce_perf NCCL_NET=Socket NCCL_NET_PLUGIN=none \
+      NCCL_SOCKET_NTHREADS=2 NCCL_NSOCKS_PERTHREAD=8
+    names=(hosts-socket hosts-socket4x4 hosts-socket2x8)
+  fi
+  hosts_run hosts-fabric all_reduce_perf "${fab[@]}"
+  names+=(hosts-fabric)
+  # Variants: ;-separated, each a space-separated list of VAR=VALUE.
+  IFS=';' read -ra variants <<<"${HOSTS_FABRIC_VARIANTS:-NCCL_FABRIC_DOMAINS=eth0}"
+  for v in "${variants[@]}"; do
+    i=$((i + 1))
+    local plugin=("${fab[@]}") label=$v
+    # The word "baseline" in a variant runs the plugin in $BASELINE_DIR instead.
+    if [[ " $v " == *" baseline "* ]]; then
+      mkdir -p "$work/baseline"
+      cp -f "$BASELINE_DIR/libnccl_net_fabric.so" "$work/baseline/libnccl-net-fabric.so"
+      plugin=(NCCL_NET=Fabric NCCL_NET_PLUGIN="$work/baseline/libnccl-net-fabric.so")
+      v=${v//baseline/}
+    fi
+    # shellcheck disable=SC2086
+    hosts_run "hosts-fabric-v$i" all_reduce_perf "${plugin[@]}" $v
+    names+=("hosts-fabric-v$i")
+    echo "- hosts-fabric-v$i: $label" >>"$summary"
+  done
+  {
+    echo
+    echo "The plugin's INFO lines (rank 0) and the NET devices NCCL's channels use:"
+    echo '```'
+    for n in "${names[@]}"; do
+      grep -m3 -hE 'NET/Fabric.*(provider |sizing|CPUs|only loopback)' "$OUT/logs/$n.log" | sed "s/^/$n: /" | cut -c1-400
+      echo "$n: channels $(grep -oE 'via NET/[A-Za-z]+/[0-9]+' "$OUT/logs/$n.log" | sort | uniq -c | tr -s ' ' | tr '\n' ';')"
+    done
+    echo '```'
+    echo
+    echo "Time per size (out-of-place, µs), side by side:"
+    echo
+    local logs=("${names[@]/#/$OUT/logs/}")
+    python3 scripts/gpu/sizes.py "${logs[@]/%/.log}"
+  } >>"$summary"
 }
 
 stage_pack() {
