@@ -127,34 +127,33 @@ impl Peer {
         }
         let now = now_ms();
         let since = self.probing_since.load(Ordering::Acquire);
-        if since == 0 {
-            if self
-                .probing_since
-                .compare_exchange(0, now, Ordering::AcqRel, Ordering::Acquire)
-                .is_ok()
-            {
-                self.last_probe.store(now, Ordering::Release);
-                self.probe();
+        if since != 0 {
+            let silent = now.saturating_sub(since);
+            if silent > self.liveness.timeout.as_millis() as u64 {
+                self.lost(format!(
+                    "the peer did not answer liveness probes for {silent} ms (its process \
+                     exited, or its host is unreachable; NCCL_FABRIC_PEER_TIMEOUT_MS={} sets \
+                     how long to wait)",
+                    self.liveness.timeout.as_millis()
+                ));
+                return Err(self.dead().unwrap_or_default().to_string());
             }
-            return Ok(());
         }
-        let silent = now.saturating_sub(since);
-        if silent > self.liveness.timeout.as_millis() as u64 {
-            self.lost(format!(
-                "the peer did not answer liveness probes for {silent} ms (its process exited, \
-                 or its host is unreachable; NCCL_FABRIC_PEER_TIMEOUT_MS={} sets how long to \
-                 wait)",
-                self.liveness.timeout.as_millis()
-            ));
-            return Err(self.dead().unwrap_or_default().to_string());
-        }
+        // At most one probe per quarter timeout, answered or not: a peer that answers at once
+        // while a request keeps waiting (a slow rank) is asked again a quarter timeout later,
+        // not at the next `test`.
         let last = self.last_probe.load(Ordering::Acquire);
-        if now.saturating_sub(last) >= every.as_millis() as u64
+        let due = last == 0 || now.saturating_sub(last) >= every.as_millis() as u64;
+        if due
             && self
                 .last_probe
                 .compare_exchange(last, now, Ordering::AcqRel, Ordering::Acquire)
                 .is_ok()
         {
+            // The oldest unanswered probe, unless one is out already.
+            let _ =
+                self.probing_since
+                    .compare_exchange(0, now, Ordering::AcqRel, Ordering::Acquire);
             self.probe();
         }
         Ok(())
@@ -171,6 +170,10 @@ impl Peer {
             who: control.me,
             fields: vec![control.address.clone()],
         };
+        tracing::trace!(
+            "liveness probe to {}",
+            crate::fabric::address_text(&self.address)
+        );
         control.send(&self.address, ping, Purpose::Ping(self.clone()));
     }
 

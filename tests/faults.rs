@@ -345,6 +345,81 @@ fn a_peer_killed_on_another_network_host_is_reported() {
     }
 }
 
+/// A peer that is alive but slow: it answers every probe at once and sends only after 10 s.
+#[test]
+#[ignore = "child process of another test"]
+fn child_slow_sender() {
+    let lib = init();
+    let (send, recv, listen) = meet_peer(&lib, until(30.0), false);
+    lib.close_listen(listen).expect("closeListen");
+    let _ = read_stdin_line(scaled(60.0));
+    send_n(&lib, send, 4096, 1, until(30.0));
+    lib.close_send(send).expect("closeSend");
+    lib.close_recv(recv).expect("closeRecv");
+    println!("RESULT ok=1");
+}
+
+#[test]
+#[ignore = "child process of another test"]
+fn child_patient_receiver() {
+    let lib = init();
+    let (send, recv, listen) = meet_peer(&lib, until(30.0), true);
+    lib.close_listen(listen).expect("closeListen");
+    let mut buf = vec![0u8; 4096];
+    // SAFETY: buf outlives the request, waited for below.
+    let r = unsafe { lib.irecv_until(recv, buf.as_mut_ptr().cast(), 4096, NULL, until(30.0)) }
+        .expect("irecv");
+    let waiting = Instant::now();
+    while waiting.elapsed() < Duration::from_secs(10) {
+        assert_eq!(lib.test(r).expect("test of a waiting receive"), None);
+        std::thread::sleep(Duration::from_micros(50));
+    }
+    eprintln!("NFAB waited 10 s");
+    println!("RESULT waited=1");
+    assert_eq!(
+        lib.wait(r, until(30.0)).expect("the slow peer's message"),
+        4096
+    );
+    assert!(buf == pattern(0, 4096));
+    lib.close_send(send).expect("closeSend");
+    lib.close_recv(recv).expect("closeRecv");
+    println!("RESULT ok=1");
+}
+
+/// A receive that waits 10 s on a live peer probes it once per quarter timeout, not at every
+/// `test` (a PONG must not make the next `test` probe again).
+#[test]
+fn a_waiting_receive_probes_a_live_peer_once_per_quarter_timeout() {
+    for (p, base) in envs(&[("NCCL_DEBUG", "TRACE"), ("NCCL_FABRIC_LOG", "trace")]) {
+        let mut receiver = spawn_child("child_patient_receiver", &base, scaled(CHILD));
+        let mut sender = spawn_child("child_slow_sender", &base, scaled(CHILD));
+        let hr = receiver.read_result("handle");
+        let hs = sender.read_result("handle");
+        receiver.send_line(&hs);
+        sender.send_line(&hr);
+        receiver.read_result("waited");
+        sender.send_line("send");
+        let (fr, fs) = (receiver.finish(), sender.finish());
+        ok(&fr, &format!("receiver over {p}"));
+        ok(&fs, &format!("sender over {p}"));
+        let waited = fr
+            .stderr
+            .split("NFAB waited 10 s")
+            .next()
+            .unwrap_or_default();
+        let probes = waited.matches("liveness probe to").count();
+        // 3 s timeout: one probe per 750 ms after the first 750 ms, 13 in 10 s; under
+        // valgrind the test calls come slower, never faster.
+        let expected = 4.0 * 10.0 / 3.0;
+        eprintln!("{p}: {probes} probes in 10 s (about {expected:.0} expected)");
+        assert!(
+            (6..=20).contains(&probes),
+            "over {p}: {probes} liveness probes in 10 s, expected about {expected:.0}"
+        );
+        assert!(!fr.stderr.contains("NCCL WARN"), "over {p}: {}", fr.stderr);
+    }
+}
+
 // ---------------------------------------------------------------------------------------
 // 3. A connect that gave up before its listener (same process) called accept.
 
