@@ -31,6 +31,11 @@
 //!   them, the plugin sets smaller pools before libfabric starts ([`RXM_DEFAULTS`]): 1.5 GiB,
 //!   busbw within 3% ([`apply_defaults`]); 4 KiB buffers then take an endpoint from 34 to
 //!   14 MiB (2.1).
+//! - **shm's full queues**: shm answers a post with `-FI_ENOMEM` when its receive (or send)
+//!   queue has no free entry (libfabric 1.17: receives posted beside a stream while pairs
+//!   open and close on shared endpoints). That is back-pressure, not a fault: the post is
+//!   tried again, as for `-FI_EAGAIN`, until the queue has stayed full for
+//!   [`FULL_FOR_TOO_LONG`] ([`enomem_means_full`]).
 //! - **No link speed**: shm and sm2 report none; NCCL then opens 2 channels at the 100 Gb/s it
 //!   assumes. They are announced at 400 Gb/s so NCCL opens 4 and 4 endpoints copy at once
 //!   (all_reduce busbw at 1 GiB: 9.3 → 14.5 GB/s on a 32-core machine) ([`unreported_speed_mbps`]).
@@ -54,6 +59,24 @@ pub fn unreported_speed_mbps(provider: &str) -> u64 {
         SHARED_MEMORY_SPEED_MBPS
     } else {
         crate::nic::DEFAULT_SPEED_MBPS
+    }
+}
+
+/// Whether `-FI_ENOMEM` from a post means "no free entry in the queue now".
+pub fn enomem_means_full(provider: &str) -> bool {
+    local_only(provider)
+}
+
+/// How long a queue may refuse every post with "no free entry" before that is an error.
+pub const FULL_FOR_TOO_LONG: std::time::Duration = std::time::Duration::from_secs(10);
+
+/// The provider's setting for the size of the queue that was full, for the WARN.
+pub fn queue_limit(provider: &str, receive: bool) -> String {
+    let which = if receive { "RX" } else { "TX" };
+    match provider {
+        "shm" => format!("FI_SHM_{which}_SIZE sets its size"),
+        "sm2" => format!("FI_SM2_{which}_SIZE sets its size"),
+        _ => "the provider's queue size setting".to_string(),
     }
 }
 
