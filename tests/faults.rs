@@ -288,14 +288,23 @@ fn a_peer_killed_on_another_host_is_reported() {
                 let line = f.result("error").expect("error");
                 eprintln!("{case}: {line}, close {:?} ms", f.result("close_ms"));
                 let code: i32 = line.split_whitespace().next().unwrap().parse().unwrap();
+                assert_eq!(code, NcclResult::RemoteError as i32, "{case}: {line}");
+                // README: 3.75 s (a quarter and the whole 3 s timeout), or at once when the
+                // provider reports the broken connection itself; 1 s of slack.
+                let ms: u128 = line
+                    .split("detected_ms=")
+                    .nth(1)
+                    .and_then(|v| v.split_whitespace().next()?.parse().ok())
+                    .expect("detected_ms");
                 assert!(
-                    code == NcclResult::RemoteError as i32
-                        || code == NcclResult::SystemError as i32,
-                    "{case}: {line}"
+                    ms <= scaled(4.75).as_millis(),
+                    "{case}: reported after {ms} ms"
                 );
+                // The WARN says the peer is gone (liveness), or gives the provider's own
+                // text for the failed operation.
                 assert!(
-                    f.stderr.contains("NCCL WARN NET/Fabric"),
-                    "{case}: {}",
+                    f.stderr.contains("is gone") || f.stderr.contains("failed: "),
+                    "{case}: no WARN saying what happened: {}",
                     f.stderr
                 );
             }
@@ -773,8 +782,9 @@ fn closing_comms_with_unreceived_sends_is_prompt_and_released_after_finalize() {
                 f.result("fds")
             );
             let ms: u64 = f.result("close_all_ms").unwrap().parse().unwrap();
+            // README: under 50 ms in all; ten times that for a loaded 2-core machine.
             assert!(
-                Duration::from_millis(ms) < scaled(10.0),
+                Duration::from_millis(ms) <= scaled(0.5),
                 "over {p}: closing 8 pairs took {ms} ms"
             );
         }

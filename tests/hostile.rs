@@ -365,10 +365,16 @@ fn damaged_handles_are_refused_at_once() {
     for (p, env) in envs(&[]) {
         let f = run_child("child_damaged_handles", &env, scaled(CHILD));
         ok(&f, &format!("damaged handles over {p}"));
+        let slowest: u128 = f.result("slowest_ms").unwrap().parse().unwrap();
         eprintln!(
-            "{p}: {} damaged handles refused, slowest after {} ms",
+            "{p}: {} damaged handles refused, slowest after {slowest} ms",
             f.stdout.matches("RESULT case=").count(),
-            f.result("slowest_ms").unwrap_or_default()
+        );
+        // README: "at once" (each under 1 ms measured): no wait on the network at all;
+        // 200 ms leaves room for a loaded 2-core machine, not for a timeout.
+        assert!(
+            slowest <= scaled(0.2).as_millis(),
+            "{p}: a damaged handle took {slowest} ms"
         );
     }
 }
@@ -411,9 +417,11 @@ fn a_handle_naming_a_closed_port_fails_early() {
         let ms: u64 = f.result("after_ms").unwrap().parse().unwrap();
         eprintln!("{p}: a connect to a closed port failed with {code} after {ms} ms");
         assert_eq!(code, NcclResult::RemoteError as i32, "{p}");
+        // README: ~1 s (the check of a connect whose CONNECT waited a second), with the
+        // same slack as the tests across hosts.
         assert!(
-            ms < 20_000,
-            "{p}: the refusal was found only at the connect timeout"
+            u128::from(ms) <= scaled(2.5).as_millis(),
+            "{p}: refused after {ms} ms, not ~1 s"
         );
         assert!(
             f.stderr.contains("cannot be reached"),

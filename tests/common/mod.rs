@@ -274,12 +274,28 @@ impl ChildTest {
             .take()
             .map(|h| h.join().unwrap_or_default())
             .unwrap_or_default();
+        if let Some(why) = plugin_panicked(&stderr) {
+            panic!("child {}: {why}; stderr:\n{stderr}", self.name);
+        }
         Finished {
             success: status.success(),
             stdout: out.join("\n"),
             stderr,
         }
     }
+}
+
+/// Whether a child's stderr shows a panic inside the plugin: one caught at the C boundary
+/// (its WARN), or one in a thread of the plugin's own (Rust's message names a file of the
+/// plugin's `src/`). Test code panics in `tests/`.
+pub fn plugin_panicked(stderr: &str) -> Option<String> {
+    if stderr.contains("this is a plugin bug, please report it") {
+        return Some("the plugin caught a panic at its C boundary".into());
+    }
+    stderr
+        .lines()
+        .find(|l| l.contains("panicked at src/") || l.contains("panicked at host/src/"))
+        .map(|l| format!("a plugin thread panicked ({l})"))
 }
 
 /// Runs a child test to completion and returns what it printed.
