@@ -419,9 +419,11 @@ fn child_reload() {
     }
     let (first, last) = (marks[0], marks[marks.len() - 1]);
     // Endpoints closing in the background may hold a descriptor or a provider thread for a
-    // moment: what is left behind is what stays.
+    // moment (one such thread was still there at the first mark in some runs), and lanes
+    // left lingering close a few seconds later: what is left behind is growth past the
+    // first mark.
     let settled = Instant::now() + std::time::Duration::from_secs(5);
-    while (open_fds(), threads()) != (first.1, first.2) && Instant::now() < settled {
+    while (open_fds() > first.1 || threads() > first.2) && Instant::now() < settled {
         std::thread::sleep(std::time::Duration::from_millis(50));
     }
     let names: Vec<String> = std::fs::read_dir("/proc/self/task")
@@ -432,8 +434,17 @@ fn child_reload() {
                 .collect()
         })
         .unwrap_or_default();
-    assert_eq!(first.1, open_fds(), "file descriptors: {marks:?}");
-    assert_eq!(first.2, threads(), "threads: {marks:?} {names:?}");
+    assert!(
+        open_fds() <= first.1,
+        "file descriptors: {marks:?}, now {}",
+        open_fds()
+    );
+    assert!(threads() <= first.2, "threads: {marks:?} {names:?}");
+    // Every mark the same: no descriptor kept per cycle.
+    assert!(
+        marks.iter().all(|m| m.1 == first.1),
+        "file descriptors: {marks:?}"
+    );
     // A buffer of 64 KiB kept per cycle would add 6 MiB over 100 cycles.
     assert!(last.3 < first.3 + 4 * 1024, "RSS: {marks:?}");
     assert!(last.4 < first.4 + 1024 * 1024, "heap: {marks:?}");
