@@ -716,6 +716,7 @@ fn child_prompt_closes() {
         .collect();
     let bufs: &'static mut [Vec<u8>] = Vec::leak((0..8 * 6).map(|_| vec![0u8; 1 << 20]).collect());
     let mut chunks = bufs.chunks_mut(6);
+    let mut sends_in_flight = 0;
     for &(send, recv) in &pairs {
         let mine = chunks.next().unwrap();
         for (i, b) in mine.iter_mut().enumerate() {
@@ -724,13 +725,14 @@ fn child_prompt_closes() {
             unsafe {
                 if i < 4 {
                     // Sends nobody receives: what the provider takes within 200 ms.
-                    let _ = lib.isend_until(
+                    let posted = lib.isend_until(
                         send,
                         p,
                         1 << 20,
                         NULL,
                         Instant::now() + Duration::from_millis(200),
                     );
+                    sends_in_flight += usize::from(posted.is_ok());
                 } else {
                     lib.irecv_until(recv, p, 1 << 20, NULL, deadline)
                         .expect("irecv");
@@ -738,6 +740,12 @@ fn child_prompt_closes() {
             }
         }
     }
+    // Every pair closes with at least one send the provider took and nobody will receive.
+    assert!(
+        sends_in_flight >= pairs.len(),
+        "{sends_in_flight} sends in flight over {} pairs",
+        pairs.len()
+    );
     let closing = Instant::now();
     for &(send, recv) in &pairs {
         lib.close_send(send).expect("closeSend");
