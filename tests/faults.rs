@@ -300,6 +300,20 @@ fn a_peer_killed_on_another_host_is_reported() {
                     ms <= scaled(4.75).as_millis(),
                     "{case}: reported after {ms} ms"
                 );
+                if p == "tcp" && !survivor_receives {
+                    // README's row "the provider fails an operation": native tcp fails the
+                    // send itself once the dead peer's kernel resets the connection, and the
+                    // WARN carries the provider's own text and codes.
+                    assert!(
+                        ms <= scaled(1.0).as_millis(),
+                        "{case}: reported after {ms} ms"
+                    );
+                    assert!(
+                        f.stderr.contains(" failed: ") && f.stderr.contains("provider err"),
+                        "{case}: the provider's text in the WARN: {}",
+                        f.stderr
+                    );
+                }
                 // The WARN says the peer is gone (liveness), or gives the provider's own
                 // text for the failed operation.
                 assert!(
