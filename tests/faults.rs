@@ -99,6 +99,32 @@ fn child_truncation_sender() {
     println!("RESULT ok=1");
 }
 
+/// A 64 KiB send into a 4 KiB receive between ranks 0 (receiver) and 1 (sender).
+fn truncation(case: &str, env: &[(String, String)], spawn: &Spawner) {
+    let mut r = spawn(0, "child_truncation_receiver", env);
+    let mut s = spawn(1, "child_truncation_sender", env);
+    s.send_line(&r.read_result("handles"));
+    r.read_result("posted");
+    s.send_line("go");
+    let (fr, fs) = (r.finish(), s.finish());
+    ok(&fr, &format!("receiver over {case}"));
+    ok(&fs, &format!("sender over {case}"));
+    let line = fr.result("truncated").expect("truncated");
+    eprintln!(
+        "{case}: truncated receive: {line}; sender: {:?}",
+        fs.result("send")
+    );
+    assert!(
+        line.starts_with(&format!("{} ", NcclResult::InternalError as i32)),
+        "over {case}: {line}"
+    );
+    assert!(
+        fr.stderr.contains("receive of 4096 bytes") && fr.stderr.contains("65536 bytes were sent"),
+        "over {case}: the WARN names both sizes: {}",
+        fr.stderr
+    );
+}
+
 #[test]
 fn a_truncated_receive_fails_alone() {
     let mut cases = envs(&[]);
@@ -107,56 +133,32 @@ fn a_truncated_receive_fails_alone() {
     shared.push(("NCCL_FABRIC_ENDPOINTS".into(), "device".into()));
     cases.push(("shm on shared endpoints".into(), shared));
     for (p, env) in cases {
-        let mut r = spawn_child("child_truncation_receiver", &env, scaled(CHILD));
-        let mut s = spawn_child("child_truncation_sender", &env, scaled(CHILD));
-        s.send_line(&r.read_result("handles"));
-        r.read_result("posted");
-        s.send_line("go");
-        let (fr, fs) = (r.finish(), s.finish());
-        ok(&fr, &format!("receiver over {p}"));
-        ok(&fs, &format!("sender over {p}"));
-        let line = fr.result("truncated").expect("truncated");
-        eprintln!(
-            "{p}: truncated receive: {line}; sender: {:?}",
-            fs.result("send")
-        );
-        assert!(
-            line.starts_with(&format!("{} ", NcclResult::InternalError as i32)),
-            "over {p}: {line}"
-        );
-        assert!(
-            fr.stderr.contains("receive of 4096 bytes")
-                && fr.stderr.contains("65536 bytes were sent"),
-            "over {p}: the WARN names both sizes: {}",
-            fr.stderr
-        );
+        truncation(&p, &env, &|_, name, env| {
+            spawn_child(name, env, scaled(CHILD))
+        });
     }
 }
 
-#[test]
-fn a_truncated_receive_fails_alone_across_hosts() {
+/// Runs `scenario` between two test hosts, once per provider that reaches other hosts and
+/// per environment in `extras`.
+fn across_hosts(scenario: fn(&str, &[(String, String)], &Spawner), extras: &[&[(&str, &str)]]) {
     use common::hosts::{host_env, hosts_or_skip, providers, Hosts};
     if !hosts_or_skip() {
         return;
     }
     for p in providers() {
-        let hosts = Hosts::new(2);
-        let env = host_env(p, &[]);
-        let mut r = hosts.spawn(0, "child_truncation_receiver", &env, scaled(CHILD));
-        let mut s = hosts.spawn(1, "child_truncation_sender", &env, scaled(CHILD));
-        s.send_line(&r.read_result("handles"));
-        r.read_result("posted");
-        s.send_line("go");
-        let (fr, fs) = (r.finish(), s.finish());
-        ok(&fr, &format!("receiver over {p} on two hosts"));
-        ok(&fs, &format!("sender over {p} on two hosts"));
-        let line = fr.result("truncated").expect("truncated");
-        eprintln!("{p} across hosts: truncated receive: {line}");
-        assert!(
-            line.starts_with(&format!("{} ", NcclResult::InternalError as i32)),
-            "over {p}: {line}"
-        );
+        for extra in extras {
+            let hosts = Hosts::new(2);
+            let spawn =
+                |i, name: &str, env: &[(String, String)]| hosts.spawn(i, name, env, scaled(CHILD));
+            scenario(&format!("{p} across hosts"), &host_env(p, extra), &spawn);
+        }
     }
+}
+
+#[test]
+fn a_truncated_receive_fails_alone_across_hosts() {
+    across_hosts(truncation, &[&[]]);
 }
 
 // ---------------------------------------------------------------------------------------
@@ -246,6 +248,72 @@ fn remove_files(list: &str) {
     }
 }
 
+/// Rank 1 (doomed) streams to or from rank 0 (survivor) and is killed; the survivor's
+/// comm must fail with ncclRemoteError in time, with a WARN saying why.
+fn peer_killed(case: &str, env: &[(String, String)], spawn: &Spawner) {
+    let survivor_receives = env.iter().any(|(k, _)| k == "NFAB_DOOMED_SENDS");
+    let native_tcp = env
+        .iter()
+        .any(|(k, v)| k == "NCCL_FABRIC_PROVIDER" && v == "tcp");
+    let mut survivor = spawn(0, "child_survivor", env);
+    let mut doomed = spawn(1, "child_doomed_peer", env);
+    let hs = survivor.read_result("handle");
+    let hd = doomed.read_result("handle");
+    survivor.send_line(&hd);
+    doomed.send_line(&hs);
+    let files = doomed.read_result("files");
+    doomed.read_result("streaming");
+    std::thread::sleep(Duration::from_millis(300));
+    doomed.kill();
+    remove_files(&files);
+    let f = survivor.finish();
+    let case = format!(
+        "{case}, survivor {}",
+        if survivor_receives {
+            "receiving"
+        } else {
+            "sending"
+        }
+    );
+    ok(&f, &case);
+    let line = f.result("error").expect("error");
+    eprintln!("{case}: {line}, close {:?} ms", f.result("close_ms"));
+    let code: i32 = line.split_whitespace().next().unwrap().parse().unwrap();
+    assert_eq!(code, NcclResult::RemoteError as i32, "{case}: {line}");
+    // README: 3.75 s (a quarter and the whole 3 s timeout), or at once when the provider
+    // reports the broken connection itself; 1 s of slack.
+    let ms: u128 = line
+        .split("detected_ms=")
+        .nth(1)
+        .and_then(|v| v.split_whitespace().next()?.parse().ok())
+        .expect("detected_ms");
+    assert!(
+        ms <= scaled(4.75).as_millis(),
+        "{case}: reported after {ms} ms"
+    );
+    if native_tcp && !survivor_receives {
+        // README's row "the provider fails an operation": native tcp fails the send itself
+        // once the dead peer's kernel resets the connection, and the WARN carries the
+        // provider's own text and codes.
+        assert!(
+            ms <= scaled(1.0).as_millis(),
+            "{case}: reported after {ms} ms"
+        );
+        assert!(
+            f.stderr.contains(" failed: ") && f.stderr.contains("provider err"),
+            "{case}: the provider's text in the WARN: {}",
+            f.stderr
+        );
+    }
+    // The WARN says the peer is gone (liveness), or gives the provider's own text for the
+    // failed operation.
+    assert!(
+        f.stderr.contains("is gone") || f.stderr.contains("failed: "),
+        "{case}: no WARN saying what happened: {}",
+        f.stderr
+    );
+}
+
 #[test]
 fn a_peer_killed_on_another_host_is_reported() {
     // Liveness looks at no pid, so a peer in this pid namespace exercises the same code; a
@@ -256,6 +324,10 @@ fn a_peer_killed_on_another_host_is_reported() {
         eprintln!("WARNING: unshare --pid is not permitted here: the doomed peers share our pid namespace");
         &[]
     };
+    let spawn = |i, name: &str, env: &[(String, String)]| match i {
+        0 => spawn_child(name, env, scaled(CHILD)),
+        _ => spawn_child_in(name, env, scaled(CHILD), unshare),
+    };
     for (p, base) in envs(&[]) {
         for threads in ["no", "yes"] {
             for survivor_receives in [true, false] {
@@ -264,63 +336,7 @@ fn a_peer_killed_on_another_host_is_reported() {
                 if survivor_receives {
                     env.push(("NFAB_DOOMED_SENDS".into(), "1".into()));
                 }
-                let mut survivor = spawn_child("child_survivor", &env, scaled(CHILD));
-                let mut doomed = spawn_child_in("child_doomed_peer", &env, scaled(CHILD), unshare);
-                let hs = survivor.read_result("handle");
-                let hd = doomed.read_result("handle");
-                survivor.send_line(&hd);
-                doomed.send_line(&hs);
-                let files = doomed.read_result("files");
-                doomed.read_result("streaming");
-                std::thread::sleep(Duration::from_millis(300));
-                doomed.kill();
-                remove_files(&files);
-                let f = survivor.finish();
-                let case = format!(
-                    "{p}, progress threads {threads}, survivor {}",
-                    if survivor_receives {
-                        "receiving"
-                    } else {
-                        "sending"
-                    }
-                );
-                ok(&f, &case);
-                let line = f.result("error").expect("error");
-                eprintln!("{case}: {line}, close {:?} ms", f.result("close_ms"));
-                let code: i32 = line.split_whitespace().next().unwrap().parse().unwrap();
-                assert_eq!(code, NcclResult::RemoteError as i32, "{case}: {line}");
-                // README: 3.75 s (a quarter and the whole 3 s timeout), or at once when the
-                // provider reports the broken connection itself; 1 s of slack.
-                let ms: u128 = line
-                    .split("detected_ms=")
-                    .nth(1)
-                    .and_then(|v| v.split_whitespace().next()?.parse().ok())
-                    .expect("detected_ms");
-                assert!(
-                    ms <= scaled(4.75).as_millis(),
-                    "{case}: reported after {ms} ms"
-                );
-                if p == "tcp" && !survivor_receives {
-                    // README's row "the provider fails an operation": native tcp fails the
-                    // send itself once the dead peer's kernel resets the connection, and the
-                    // WARN carries the provider's own text and codes.
-                    assert!(
-                        ms <= scaled(1.0).as_millis(),
-                        "{case}: reported after {ms} ms"
-                    );
-                    assert!(
-                        f.stderr.contains(" failed: ") && f.stderr.contains("provider err"),
-                        "{case}: the provider's text in the WARN: {}",
-                        f.stderr
-                    );
-                }
-                // The WARN says the peer is gone (liveness), or gives the provider's own
-                // text for the failed operation.
-                assert!(
-                    f.stderr.contains("is gone") || f.stderr.contains("failed: "),
-                    "{case}: no WARN saying what happened: {}",
-                    f.stderr
-                );
+                peer_killed(&format!("{p}, progress threads {threads}"), &env, &spawn);
             }
         }
     }
@@ -330,42 +346,7 @@ fn a_peer_killed_on_another_host_is_reported() {
 /// the survivor hears nothing from the kernel of its host, only silence.
 #[test]
 fn a_peer_killed_on_another_network_host_is_reported() {
-    use common::hosts::{host_env, hosts_or_skip, providers, Hosts};
-    if !hosts_or_skip() {
-        return;
-    }
-    for p in providers() {
-        for survivor_receives in [true, false] {
-            let hosts = Hosts::new(2);
-            let mut env = host_env(p, &[]);
-            if survivor_receives {
-                env.push(("NFAB_DOOMED_SENDS".into(), "1".into()));
-            }
-            let mut survivor = hosts.spawn(0, "child_survivor", &env, scaled(CHILD));
-            let mut doomed = hosts.spawn(1, "child_doomed_peer", &env, scaled(CHILD));
-            let hs = survivor.read_result("handle");
-            let hd = doomed.read_result("handle");
-            survivor.send_line(&hd);
-            doomed.send_line(&hs);
-            doomed.read_result("streaming");
-            std::thread::sleep(Duration::from_millis(300));
-            doomed.kill();
-            let f = survivor.finish();
-            let case = format!(
-                "{p} across hosts, survivor {}",
-                if survivor_receives {
-                    "receiving"
-                } else {
-                    "sending"
-                }
-            );
-            ok(&f, &case);
-            let line = f.result("error").expect("error");
-            eprintln!("{case}: {line}, close {:?} ms", f.result("close_ms"));
-            let code: i32 = line.split_whitespace().next().unwrap().parse().unwrap();
-            assert_eq!(code, NcclResult::RemoteError as i32, "{case}: {line}");
-        }
-    }
+    across_hosts(peer_killed, &[&[("NFAB_DOOMED_SENDS", "1")], &[]]);
 }
 
 /// A peer that is alive but slow: it answers every probe at once and sends only after 10 s.
@@ -892,72 +873,47 @@ fn child_stranger() {
     println!("RESULT ok=1");
 }
 
+/// Rank 1 speaks raw libfabric to rank 0's endpoints: its comm fails by liveness, and rank
+/// 0 carries data meanwhile.
+fn stranger(case: &str, env: &[(String, String)], spawn: &Spawner) {
+    let mut target = spawn(0, "child_stranger_target", env);
+    let mut stranger = spawn(1, "child_stranger", env);
+    stranger.send_line(&target.read_result("handle"));
+    let ft = target.finish();
+    stranger.try_send_line("done");
+    let fs = stranger.finish();
+    ok(&ft, &format!("target over {case}"));
+    ok(&fs, &format!("stranger over {case}"));
+    eprintln!(
+        "{case}: stranger's comm failed with {:?}; its remote write: {:?}",
+        ft.result("stranger"),
+        fs.result("write")
+    );
+    let code: i32 = ft
+        .result("stranger")
+        .and_then(|v| v.split_whitespace().next()?.parse().ok())
+        .expect("the stranger's comm's error");
+    assert_eq!(
+        code,
+        NcclResult::RemoteError as i32,
+        "over {case}: {}",
+        ft.stderr
+    );
+}
+
 #[test]
 fn a_stranger_on_raw_libfabric_disturbs_nothing() {
     for (p, env) in envs(&[]) {
-        let mut target = spawn_child("child_stranger_target", &env, scaled(CHILD));
-        let mut stranger = spawn_child("child_stranger", &env, scaled(CHILD));
-        stranger.send_line(&target.read_result("handle"));
-        let ft = target.finish();
-        stranger.try_send_line("done");
-        let fs = stranger.finish();
-        ok(&ft, &format!("target over {p}"));
-        ok(&fs, &format!("stranger over {p}"));
-        eprintln!(
-            "{p}: stranger's comm failed with {:?}; its remote write: {:?}",
-            ft.result("stranger"),
-            fs.result("write")
-        );
-        let code: i32 = ft
-            .result("stranger")
-            .unwrap()
-            .split_whitespace()
-            .next()
-            .unwrap()
-            .parse()
-            .unwrap();
-        assert_eq!(
-            code,
-            NcclResult::RemoteError as i32,
-            "over {p}: {}",
-            ft.stderr
-        );
+        stranger(&p, &env, &|_, name, env| {
+            spawn_child(name, env, scaled(CHILD))
+        });
     }
 }
 
 /// The stranger on another host, reaching the target over the link between them.
 #[test]
 fn a_stranger_on_another_host_disturbs_nothing() {
-    use common::hosts::{host_env, hosts_or_skip, providers, Hosts};
-    if !hosts_or_skip() {
-        return;
-    }
-    for p in providers() {
-        let hosts = Hosts::new(2);
-        let env = host_env(p, &[]);
-        let mut target = hosts.spawn(0, "child_stranger_target", &env, scaled(CHILD));
-        let mut stranger = hosts.spawn(1, "child_stranger", &env, scaled(CHILD));
-        stranger.send_line(&target.read_result("handle"));
-        let ft = target.finish();
-        stranger.try_send_line("done");
-        let fs = stranger.finish();
-        ok(&ft, &format!("target over {p} across hosts"));
-        ok(&fs, &format!("stranger over {p} across hosts"));
-        let code: i32 = ft
-            .result("stranger")
-            .unwrap()
-            .split_whitespace()
-            .next()
-            .unwrap()
-            .parse()
-            .unwrap();
-        assert_eq!(
-            code,
-            NcclResult::RemoteError as i32,
-            "over {p}: {}",
-            ft.stderr
-        );
-    }
+    across_hosts(stranger, &[&[]]);
 }
 
 // ---------------------------------------------------------------------------------------

@@ -457,6 +457,16 @@ fn all_failed_in_time(ranks: &[(&str, &Finished)], what: &str) {
     }
 }
 
+/// Ranks streaming both ways between hosts 0 and 1 over `provider`, for half a second.
+fn streaming(hosts: &Hosts, provider: &str) -> (ChildTest, ChildTest) {
+    let env = host_env(provider, &[]);
+    let (mut a, mut b) = pair_on_hosts(hosts, "child_streaming_rank", &env, scaled(CHILD));
+    a.read_result("streaming");
+    b.read_result("streaming");
+    std::thread::sleep(scaled(0.5));
+    (a, b)
+}
+
 #[test]
 fn a_link_that_goes_down_fails_both_sides_in_time() {
     if !hosts_or_skip() {
@@ -464,15 +474,7 @@ fn a_link_that_goes_down_fails_both_sides_in_time() {
     }
     for p in providers() {
         let hosts = Hosts::new(2);
-        let (mut a, mut b) = pair_on_hosts(
-            &hosts,
-            "child_streaming_rank",
-            &host_env(p, &[]),
-            scaled(CHILD),
-        );
-        a.read_result("streaming");
-        b.read_result("streaming");
-        std::thread::sleep(scaled(0.5));
+        let (a, b) = streaming(&hosts, p);
         hosts.set_link(0, false);
         let (fa, fb) = (a.finish(), b.finish());
         all_failed_in_time(&[("A", &fa), ("B", &fb)], &format!("link down over {p}"));
@@ -486,15 +488,7 @@ fn a_link_that_flaps_loses_nothing() {
     }
     for p in providers() {
         let hosts = Hosts::new(2);
-        let (mut a, mut b) = pair_on_hosts(
-            &hosts,
-            "child_streaming_rank",
-            &host_env(p, &[]),
-            scaled(CHILD),
-        );
-        a.read_result("streaming");
-        b.read_result("streaming");
-        std::thread::sleep(scaled(0.5));
+        let (mut a, mut b) = streaming(&hosts, p);
         // Down for a third of the peer timeout, then up: TCP retransmits what was lost.
         hosts.set_link(0, false);
         std::thread::sleep(Duration::from_millis(1000));
@@ -535,15 +529,7 @@ fn a_host_that_vanishes_is_reported_in_time() {
     for p in providers() {
         // On a bridge: the survivor keeps its link, the vanished host takes only its own.
         let mut hosts = Hosts::switched(2);
-        let (mut a, mut b) = pair_on_hosts(
-            &hosts,
-            "child_streaming_rank",
-            &host_env(p, &[]),
-            scaled(CHILD),
-        );
-        a.read_result("streaming");
-        b.read_result("streaming");
-        std::thread::sleep(scaled(0.5));
+        let (a, b) = streaming(&hosts, p);
         hosts.vanish(1);
         let fa = a.finish();
         all_failed_in_time(&[("A", &fa)], &format!("vanished host over {p}"));

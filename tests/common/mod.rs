@@ -298,6 +298,10 @@ pub fn plugin_panicked(stderr: &str) -> Option<String> {
         .map(|l| format!("a plugin thread panicked ({l})"))
 }
 
+/// Starts rank `i` of a scenario as child test `name` with `env`: on this host, or on test
+/// host `i` (`hosts::Hosts::spawn`), so one scenario runs both ways.
+pub type Spawner<'a> = dyn Fn(usize, &str, &[(String, String)]) -> ChildTest + 'a;
+
 /// Runs a child test to completion and returns what it printed.
 pub fn run_child(name: &str, env: &[(String, String)], timeout: Duration) -> Finished {
     spawn_child(name, env, timeout).finish()
