@@ -36,6 +36,12 @@
 //!   open and close on shared endpoints). That is back-pressure, not a fault: the post is
 //!   tried again, as for `-FI_EAGAIN`, until the queue has stayed full for
 //!   [`FULL_FOR_TOO_LONG`] ([`enomem_means_full`]).
+//! - **Stale sources after a reconnect**: libfabric 1.17 `tcp;ofi_rxm` keeps the messages of
+//!   a sender that disconnected, reuses the freed connection for the next peer, and reports
+//!   that peer as their source: a stranger that relayed a handshake, sent with the comm's tags
+//!   and left can have a directed receive return its bytes, and the source check cannot see
+//!   it (reproduced with raw libfabric; 2.1 is not affected). Said in `doctor` and the README's
+//!   security model ([`stale_source_after_reconnect`]).
 //! - **No link speed**: shm and sm2 report none; NCCL then opens 2 channels at the 100 Gb/s it
 //!   assumes. They are announced at 400 Gb/s so NCCL opens 4 and 4 endpoints copy at once
 //!   (all_reduce busbw at 1 GiB: 9.3 → 14.5 GB/s on a 32-core machine) ([`unreported_speed_mbps`]).
@@ -60,6 +66,18 @@ pub fn unreported_speed_mbps(provider: &str) -> u64 {
     } else {
         crate::nic::DEFAULT_SPEED_MBPS
     }
+}
+
+/// Why `provider` at libfabric `version` cannot be trusted to name a message's sender after
+/// a connection was reused, if that is so (seen with 1.17 rxm, not with 2.1; the versions
+/// between were not tried).
+pub fn stale_source_after_reconnect(provider: &str, version: u32) -> Option<&'static str> {
+    (provider.contains("ofi_rxm") && version < crate::fabric::fi_version(2, 1)).then_some(
+        "its source reports cannot be trusted after a reconnect: a sender that watched or \
+         relayed the handshake, sent with a comm's tags and disconnected can have a receive \
+         return its bytes (seen with libfabric 1.17; 2.1 is not affected). Use libfabric 2.1 \
+         where strangers can reach the job's network (README, Security model)",
+    )
 }
 
 /// Whether `-FI_ENOMEM` from a post means "no free entry in the queue now".
@@ -226,5 +244,9 @@ mod tests {
         assert!(native_tcp_refusal("tcp", false).is_some());
         assert!(native_tcp_refusal("tcp", true).is_none());
         assert!(native_tcp_refusal("tcp;ofi_rxm", false).is_none());
+        let v = crate::fabric::fi_version;
+        assert!(stale_source_after_reconnect("tcp;ofi_rxm", v(1, 17)).is_some());
+        assert!(stale_source_after_reconnect("tcp;ofi_rxm", v(2, 1)).is_none());
+        assert!(stale_source_after_reconnect("shm", v(1, 17)).is_none());
     }
 }

@@ -220,3 +220,20 @@ fn reports_read_plainly() {
         assert!(!l.contains("Some(") && !l.contains("Ok("), "{l}");
     }
 }
+
+/// The caveat about 1.17 rxm's stale sources appears exactly where it applies.
+#[test]
+fn doctor_names_the_stale_source_caveat_where_it_applies() {
+    let o = tool(
+        &["doctor", "--json"],
+        &[("NCCL_FABRIC_PROVIDER", "tcp;ofi_rxm")],
+    );
+    let j: serde_json::Value = serde_json::from_slice(&o.stdout).expect("doctor --json");
+    let affected = common::libfabric_version() < (2, 1);
+    assert_eq!(j["caveat"].is_string(), affected, "{j}");
+    let plain = text(&tool(&["doctor"], &[("NCCL_FABRIC_PROVIDER", "tcp;ofi_rxm")]).stdout);
+    assert_eq!(plain.contains("caveat: tcp;ofi_rxm"), affected, "{plain}");
+    let shm = tool(&["doctor", "--json"], &[("NCCL_FABRIC_PROVIDER", "shm")]);
+    let j: serde_json::Value = serde_json::from_slice(&shm.stdout).expect("doctor --json");
+    assert!(j["caveat"].is_null(), "{j}");
+}

@@ -55,6 +55,10 @@ pub fn run(json: bool) -> ExitCode {
     }
     let runtime = version_string(runtime_version());
     let headers = version_string(HEADER_VERSION);
+    let caveat = nccl_net_fabric::quirks::stale_source_after_reconnect(
+        &decision.provider,
+        discovery.version,
+    );
     let failure = decision.failure.as_ref().map(|f| match f {
         Failure::NoProvider(t) | Failure::HmemRequired(t) => t.clone(),
     });
@@ -63,7 +67,7 @@ pub fn run(json: bool) -> ExitCode {
         let mut out = String::new();
         let _ = write!(
             out,
-            "{{\"libfabric_runtime\":{},\"libfabric_headers\":{},\"hmem_setting\":{},\"provider\":{},\"gpu_buffers\":{},\"hmem_reason\":{},\"usable\":{},\"failure\":{},\"candidates\":[",
+            "{{\"libfabric_runtime\":{},\"libfabric_headers\":{},\"hmem_setting\":{},\"provider\":{},\"gpu_buffers\":{},\"hmem_reason\":{},\"usable\":{},\"failure\":{},\"caveat\":{},\"candidates\":[",
             json_str(&runtime),
             json_str(&headers),
             json_str(settings.hmem.name()),
@@ -72,6 +76,7 @@ pub fn run(json: bool) -> ExitCode {
             json_str(&decision.hmem_reason),
             failure.is_none(),
             failure.as_deref().map_or("null".into(), json_str),
+            caveat.map_or("null".into(), json_str),
         );
         for (i, (c, v)) in discovery
             .candidates
@@ -190,6 +195,12 @@ pub fn run(json: bool) -> ExitCode {
                 }
                 if decision.loopback_only {
                     println!("{}", nccl_net_fabric::provider::LOOPBACK_ONLY);
+                }
+                if let Some(why) = &caveat {
+                    println!(
+                        "caveat: {} on libfabric {runtime}: {why}",
+                        decision.provider
+                    );
                 }
                 println!("{}", decision.hmem_reason);
             }
