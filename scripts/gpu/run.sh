@@ -42,7 +42,8 @@
 #                with $HOSTS_FABRIC_VARIANTS, Socket as shipped, 4x4 and 2x8; CPU seconds, peak
 #                RSS, the plugin's INFO lines, which NET devices NCCL's channels use, and the
 #                time per size side by side (scripts/gpu/sizes.py). A variant holding the word
-#                `baseline` runs the plugin in $BASELINE_DIR; HOSTS_NO_SOCKET=1 skips Socket
+#                `baseline` runs the plugin in $BASELINE_DIR; HOSTS_NO_SOCKET=1 skips Socket;
+#                HOSTS_TEST names another nccl-tests binary (sendrecv_perf, alltoall_perf …)
 #   all          libfabric nccltests doctor loading collectives variants mpi torch (about 10 min)
 #   issue10      libfabric nccltests compare torch loading
 #
@@ -560,18 +561,18 @@ stage_hosts() {
   plugin_env
   start_mps
   local fab=(NCCL_NET=Fabric NCCL_NET_PLUGIN="$PLUGIN_LIB/libnccl-net-fabric.so")
-  local names=() v i=0
-  table_header "Two ranks as two hosts on one GPU (MPS), all_reduce_perf -b $MINBYTES -e $MAXBYTES -f 2 -n $ITERS -w $WARMUP"
+  local names=() v i=0 test=${HOSTS_TEST:-all_reduce_perf} tag=${HOSTS_TEST:+-${HOSTS_TEST%_perf}}
+  table_header "Two ranks as two hosts on one GPU (MPS), $test -b $MINBYTES -e $MAXBYTES -f 2 -n $ITERS -w $WARMUP"
   if [ -z "${HOSTS_NO_SOCKET:-}" ]; then
-    hosts_run hosts-socket all_reduce_perf NCCL_NET=Socket NCCL_NET_PLUGIN=none
-    hosts_run hosts-socket4x4 all_reduce_perf NCCL_NET=Socket NCCL_NET_PLUGIN=none \
+    hosts_run hosts$tag-socket "$test" NCCL_NET=Socket NCCL_NET_PLUGIN=none
+    hosts_run hosts$tag-socket4x4 "$test" NCCL_NET=Socket NCCL_NET_PLUGIN=none \
       NCCL_SOCKET_NTHREADS=4 NCCL_NSOCKS_PERTHREAD=4
-    hosts_run hosts-socket2x8 all_reduce_perf NCCL_NET=Socket NCCL_NET_PLUGIN=none \
+    hosts_run hosts$tag-socket2x8 "$test" NCCL_NET=Socket NCCL_NET_PLUGIN=none \
       NCCL_SOCKET_NTHREADS=2 NCCL_NSOCKS_PERTHREAD=8
-    names=(hosts-socket hosts-socket4x4 hosts-socket2x8)
+    names=(hosts$tag-socket hosts$tag-socket4x4 hosts$tag-socket2x8)
   fi
-  hosts_run hosts-fabric all_reduce_perf "${fab[@]}"
-  names+=(hosts-fabric)
+  hosts_run hosts$tag-fabric "$test" "${fab[@]}"
+  names+=(hosts$tag-fabric)
   # Variants: ;-separated, each a space-separated list of VAR=VALUE.
   IFS=';' read -ra variants <<<"${HOSTS_FABRIC_VARIANTS:-NCCL_FABRIC_DOMAINS=eth0}"
   for v in "${variants[@]}"; do
@@ -585,9 +586,9 @@ stage_hosts() {
       v=${v//baseline/}
     fi
     # shellcheck disable=SC2086
-    hosts_run "hosts-fabric-v$i" all_reduce_perf "${plugin[@]}" $v
-    names+=("hosts-fabric-v$i")
-    echo "- hosts-fabric-v$i: $label" >>"$summary"
+    hosts_run "hosts$tag-fabric-v$i" "$test" "${plugin[@]}" $v
+    names+=("hosts$tag-fabric-v$i")
+    echo "- hosts$tag-fabric-v$i: $label" >>"$summary"
   done
   {
     echo
