@@ -83,6 +83,7 @@ pub fn discover(settings: &Settings) -> Result<Discovery> {
         for directed in [true, false] {
             let list = InfoList::get(version, &hints(pass, directed, settings))?;
             for (entry, info) in list.iter().enumerate() {
+                let src = info.src_socket_address();
                 let mut c = Candidate {
                     pass,
                     provider: info.provider(),
@@ -91,11 +92,9 @@ pub fn discover(settings: &Settings) -> Result<Discovery> {
                     caps: info.caps(),
                     mr_mode: info.mr_mode(),
                     api_version: info.api_version(),
-                    src: info.src_socket_address(),
+                    src,
                     loopback: sysfs.is_loopback(&info.domain())
-                        || info
-                            .src_socket_address()
-                            .is_some_and(|a| a.ip().is_loopback()),
+                        || src.is_some_and(|a| a.ip().is_loopback()),
                     setopt: None,
                 };
                 let seen = candidates[first..].iter().any(|o: &Candidate| {

@@ -109,13 +109,8 @@ impl Sysfs {
             );
         };
         let whose = format!("the real path behind /sys/class/{class}/{domain}/device");
-        let on_pci = |p: &Path| {
-            p.file_name()
-                .and_then(|n| n.to_str())
-                .is_some_and(is_pci_address)
-        };
         let note = match Self::pci_ancestor(&real) {
-            _ if on_pci(&real) => String::new(),
+            Some(function) if function == real => String::new(),
             Some(function) => format!(
                 "; not a PCI function itself (it sits on {}): NCCL attaches it to the CPU, as \
                  for its own Socket transport",

@@ -127,7 +127,8 @@ pub fn init() -> Result<Arc<Plugin>> {
 fn open_devices(settings: Settings, discovery: &Discovery, decision: &Decision) -> Result<Plugin> {
     let mut fabrics: Vec<(String, Arc<Fabric>)> = Vec::new();
     let mut devices = Vec::new();
-    for (index, &ci) in decision.devices.iter().enumerate() {
+    let descriptions = describe_devices(discovery, decision, settings.speed_mbps);
+    for (index, (&ci, described)) in decision.devices.iter().zip(descriptions).enumerate() {
         let info = discovery.info(ci);
         let c = discovery.candidates[ci].clone();
         let fabric = match fabrics.iter().find(|(n, _)| *n == c.fabric) {
@@ -139,8 +140,6 @@ fn open_devices(settings: Settings, discovery: &Discovery, decision: &Decision) 
             }
         };
         let domain = Domain::open(&fabric, info)?;
-        let taken: Vec<u64> = devices.iter().map(|d: &Device| d.props.guid).collect();
-        let described = describe(info, &c, settings.speed_mbps, &taken);
         tracing::trace!("dev {index} {}: {}", c.domain, described.text());
         let pci_path = described
             .pci_path
@@ -228,26 +227,32 @@ fn summary(discovery: &Discovery, decision: &Decision, devices: &[Device]) -> St
     )
 }
 
-/// What device `candidate` tells NCCL about itself (see `nic`), from the provider's entry
-/// `info` and the kernel; `taken`: the guids of the devices before it.
-pub fn describe(
-    info: crate::fabric::Info<'_>,
-    candidate: &crate::provider::Candidate,
+/// What each device of `decision` tells NCCL about itself (see `nic`), in device order,
+/// from the provider's entries and the kernel; no two get one guid.
+pub fn describe_devices(
+    discovery: &Discovery,
+    decision: &Decision,
     speed_setting: u64,
-    taken: &[u64],
-) -> crate::nic::Description {
-    let reported = crate::nic::ProviderNic {
-        speed_bps: info.link_speed_bps(),
-        pci_address: info.pci_address(),
-    };
-    crate::nic::describe(
-        &crate::nic::Sysfs::default(),
-        &candidate.domain,
-        &reported,
-        speed_setting,
-        crate::quirks::unreported_speed_mbps(&candidate.provider),
-        taken,
-    )
+) -> Vec<crate::nic::Description> {
+    let sysfs = crate::nic::Sysfs::default();
+    let mut out: Vec<crate::nic::Description> = Vec::new();
+    for &ci in &decision.devices {
+        let (info, c) = (discovery.info(ci), &discovery.candidates[ci]);
+        let reported = crate::nic::ProviderNic {
+            speed_bps: info.link_speed_bps(),
+            pci_address: info.pci_address(),
+        };
+        let taken: Vec<u64> = out.iter().map(|d| d.guid).collect();
+        out.push(crate::nic::describe(
+            &sysfs,
+            &c.domain,
+            &reported,
+            speed_setting,
+            crate::quirks::unreported_speed_mbps(&c.provider),
+            &taken,
+        ));
+    }
+    out
 }
 
 /// Releases what closed comms left behind (endpoints the provider still held operations on):

@@ -32,8 +32,9 @@
 //!   busbw within 3% ([`apply_defaults`]); 4 KiB buffers then take an endpoint from 34 to
 //!   14 MiB (2.1).
 //! - **shm's full queues**: shm answers a post with `-FI_ENOMEM` when its receive (or send)
-//!   queue has no free entry (libfabric 1.17: receives posted beside a stream while pairs
-//!   open and close on shared endpoints). That is back-pressure, not a fault: the post is
+//!   queue has no free entry (reported with libfabric 1.17, receives posted beside a stream
+//!   while pairs open and close on shared endpoints; not reproduced on the test machines).
+//!   That is back-pressure, not a fault: the post is
 //!   tried again, as for `-FI_EAGAIN`, until the queue has stayed full for
 //!   [`FULL_FOR_TOO_LONG`] ([`enomem_means_full`]).
 //! - **Stale sources after a reconnect**: libfabric 1.17 `tcp;ofi_rxm` keeps the messages of

@@ -3,7 +3,7 @@
 use nccl_net_fabric::discover::discover;
 use nccl_net_fabric::fabric::{runtime_version, version_string, HEADER_VERSION};
 use nccl_net_fabric::nic::Description;
-use nccl_net_fabric::plugin::describe;
+use nccl_net_fabric::plugin::describe_devices;
 use nccl_net_fabric::provider::{decide, errno_name, CudaApiAnswer, Failure, Pass};
 use nccl_net_fabric::settings::Settings;
 use std::fmt::Write as _;
@@ -46,13 +46,12 @@ pub fn run(json: bool) -> ExitCode {
     };
     let decision = decide(&discovery.candidates, &settings);
     // What each device would tell NCCL about itself, as init describes it.
-    let mut described: Vec<(usize, Description)> = Vec::new();
-    for &ci in &decision.devices {
-        let taken: Vec<u64> = described.iter().map(|(_, d)| d.guid).collect();
-        let c = &discovery.candidates[ci];
-        let d = describe(discovery.info(ci), c, settings.speed_mbps, &taken);
-        described.push((ci, d));
-    }
+    let described: Vec<(usize, Description)> = decision
+        .devices
+        .iter()
+        .copied()
+        .zip(describe_devices(&discovery, &decision, settings.speed_mbps))
+        .collect();
     let runtime = version_string(runtime_version());
     let headers = version_string(HEADER_VERSION);
     let caveat = nccl_net_fabric::quirks::stale_source_after_reconnect(
