@@ -272,6 +272,8 @@ impl Driver {
     /// happened (0: nothing to do). An error means the queue itself failed; it is also
     /// recorded in [`Health`].
     pub fn turn(&mut self) -> Result<usize> {
+        let serial = self.queue.serial();
+        let _turn = serial.as_deref().map(Mutex::lock);
         if let Some(e) = self.health.broken() {
             return Err(Error::Remote(e.to_string()));
         }

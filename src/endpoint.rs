@@ -116,6 +116,8 @@ pub struct Queue {
     cq: *mut sys::fid_cq,
     shared: Arc<Endpoint>,
     backpressure: Backpressure,
+    /// The device's turn lock, where its endpoints must progress one at a time.
+    serial: Option<Arc<Mutex<()>>>,
 }
 
 // SAFETY: a Queue moves between threads (a lane's progress thread, the control thread) but is
@@ -242,6 +244,11 @@ impl Endpoint {
                 cq,
                 shared: shared.clone(),
                 backpressure: Backpressure::default(),
+                serial: crate::quirks::serial_progress(
+                    &info.provider(),
+                    crate::fabric::runtime_version(),
+                )
+                .then(|| domain.turns.clone()),
             };
             // The first entry of the address vector is the endpoint itself, so no peer gets
             // fi_addr 0: libfabric 1.17 shm and (at times) tcp;ofi_rxm report a sender that
@@ -307,6 +314,11 @@ impl Drop for Endpoint {
 }
 
 impl Queue {
+    /// The lock a driver holds for its turn, if this provider's endpoints of one device must
+    /// not progress at the same time (see `quirks::serial_progress`).
+    pub fn serial(&self) -> Option<Arc<Mutex<()>>> {
+        self.serial.clone()
+    }
     pub fn endpoint(&self) -> &Arc<Endpoint> {
         &self.shared
     }

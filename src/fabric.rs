@@ -309,6 +309,9 @@ impl Drop for Fabric {
 pub struct Domain {
     raw: *mut sys::fid_domain,
     pub info: OwnedInfo,
+    /// Taken around each driver's turn on providers whose endpoints of one device must not
+    /// make progress at the same time (`quirks::serial_progress`); siblings share it.
+    pub turns: Arc<parking_lot::Mutex<()>>,
     _fabric: Arc<Fabric>,
 }
 
@@ -319,6 +322,14 @@ unsafe impl Sync for Domain {}
 
 impl Domain {
     pub fn open(fabric: &Arc<Fabric>, info: Info<'_>) -> Result<Arc<Self>> {
+        Self::open_sharing(fabric, info, Arc::default())
+    }
+
+    fn open_sharing(
+        fabric: &Arc<Fabric>,
+        info: Info<'_>,
+        turns: Arc<parking_lot::Mutex<()>>,
+    ) -> Result<Arc<Self>> {
         let info = info.to_owned()?;
         let mut raw = ptr::null_mut();
         // SAFETY: fabric is open; the info entry is valid; raw receives a new domain.
@@ -334,13 +345,14 @@ impl Domain {
         Ok(Arc::new(Domain {
             raw,
             info,
+            turns,
             _fabric: fabric.clone(),
         }))
     }
     /// Another domain on the same fabric, from the same info: its own progress engine (a
     /// tcp domain drives all its endpoints' sockets under one lock) and its own registrations.
     pub fn sibling(&self) -> Result<Arc<Self>> {
-        Self::open(&self._fabric, self.info.info())
+        Self::open_sharing(&self._fabric, self.info.info(), self.turns.clone())
     }
     pub fn raw(&self) -> *mut sys::fid_domain {
         self.raw

@@ -43,6 +43,15 @@
 //!   and left can have a directed receive return its bytes, and the source check cannot see
 //!   it (reproduced with raw libfabric; 2.1 is not affected). Said in `doctor` and the README's
 //!   security model ([`stale_source_after_reconnect`]).
+//! - **Shared shm endpoints progressing at once**: with libfabric 1.17 shm, endpoints of one
+//!   device shared by several comms (`NCCL_FABRIC_ENDPOINTS=device`), each driven by its own
+//!   thread, lose a segmented (SAR) transfer now and then when comms close with transfers in
+//!   flight beside a streaming comm: the stream's send and its receive never finish (5 of 8
+//!   runs of the churn-beside-a-stream test). With the device's endpoints taking turns, 0 of
+//!   20. Their drivers therefore take turns there ([`serial_progress`]). Without progress
+//!   threads (NCCL's calls drive) 2 of 16 runs still stall; the default for shm, an endpoint
+//!   per comm, showed neither (0 of 8). 2.1 is not affected; the versions between were not
+//!   tried.
 //! - **No link speed**: shm and sm2 report none; NCCL then opens 2 channels at the 100 Gb/s it
 //!   assumes. They are announced at 400 Gb/s so NCCL opens 4 and 4 endpoints copy at once
 //!   (all_reduce busbw at 1 GiB: 9.3 → 14.5 GB/s on a 32-core machine) ([`unreported_speed_mbps`]).
@@ -79,6 +88,12 @@ pub fn stale_source_after_reconnect(provider: &str, version: u32) -> Option<&'st
          return its bytes (seen with libfabric 1.17; 2.1 is not affected). Use libfabric 2.1 \
          where strangers can reach the job's network (README, Security model)",
     )
+}
+
+/// Whether the endpoints of one device must make progress one at a time (libfabric 1.17
+/// shm: see the module notes).
+pub fn serial_progress(provider: &str, version: u32) -> bool {
+    provider == "shm" && version < crate::fabric::fi_version(2, 1)
 }
 
 /// Whether `-FI_ENOMEM` from a post means "no free entry in the queue now".

@@ -544,16 +544,10 @@ fn child_close_while_streaming() {
 
 #[test]
 fn closing_pairs_do_not_disturb_a_pair_streaming_on_the_same_endpoints() {
-    for (p, mut env) in envs(&[
+    for (p, env) in envs(&[
         ("NCCL_FABRIC_ENDPOINTS", "device"),
         ("NCCL_FABRIC_PROGRESS_THREAD", "yes"),
     ]) {
-        // libfabric 1.17 shm loses the completion of a segmented send now and then when
-        // comms between the same two endpoints close with transfers in flight (2 of 20
-        // runs; 2.1 never): that provider's pairs close once their requests finished.
-        if p == "shm" && libfabric_version() < (1, 18) {
-            env.push(("NFAB_IN_FLIGHT".into(), "0".into()));
-        }
         let f = run_child("child_close_while_streaming", &env, scaled(CHILD));
         ok(&f, &p);
         assert!(
