@@ -72,6 +72,49 @@ fn child_victim() {
 
 #[test]
 #[ignore = "child process of another test"]
+fn child_counting_victim() {
+    let lib = init();
+    let deadline = until(120.0);
+    let (h, l) = lib.listen(0).expect("listen");
+    println!("RESULT handle={}", handle_to_hex(&h));
+    let recv = lib
+        .accept_until(l, deadline)
+        .expect("the real peer connects");
+    lib.close_listen(l).expect("closeListen");
+    println!("RESULT accepted=1");
+    let _ = read_stdin_line(scaled(120.0));
+    // Receives until the real sender's messages are all in, counting those that are not.
+    let (mut real, mut foreign) = (0, 0);
+    while real < REAL {
+        assert!(
+            foreign <= INJECTED as usize,
+            "more foreign messages than were injected"
+        );
+        let mut buf = vec![0u8; 65536];
+        // SAFETY: buf outlives the request, waited for right away.
+        let r = unsafe { lib.irecv_until(recv, buf.as_mut_ptr().cast(), 65536, NULL, deadline) }
+            .expect("irecv");
+        let n = match lib.wait(r, deadline) {
+            Ok(n) => n as usize,
+            Err(e) => {
+                println!("RESULT real={real} foreign={foreign} error={}", e.code);
+                println!("RESULT ok=1");
+                return;
+            }
+        };
+        if n == 65536 && buf == pattern(real, 65536) {
+            real += 1;
+        } else {
+            foreign += 1;
+        }
+    }
+    println!("RESULT real={real} foreign={foreign}");
+    lib.close_recv(recv).expect("closeRecv");
+    println!("RESULT ok=1");
+}
+
+#[test]
+#[ignore = "child process of another test"]
 fn child_real_sender() {
     let lib = init();
     let deadline = until(120.0);
@@ -206,6 +249,14 @@ fn child_stranger() {
         }
     }
     println!("RESULT injected={injected}");
+    if std::env::var_os("NFAB_STRANGER_LEAVES").is_some() {
+        // It disconnects: its messages wait in the victim's provider for a receive.
+        drop(s);
+        println!("RESULT left=1");
+        let _ = lines.recv_timeout(scaled(120.0));
+        println!("RESULT ok=1");
+        return;
+    }
     // A flood at both endpoints, on tags of every kind.
     let started = Instant::now();
     let big = vec![0x3c; 65536];
@@ -364,6 +415,82 @@ fn a_stranger_cannot_reach_a_comm_or_take_a_listen_comm() {
             "{p}: {warns} WARN lines (one, rate-limited, expected):\n{}",
             fv.stderr
         );
+    }
+}
+
+/// A stranger that relays the handshake, sends with the comm's tags and disconnects before
+/// the real sender's first message: the receive returns only the real sender's messages,
+/// except on a provider `quirks::stale_source_after_reconnect` names (README, Security
+/// model), where the test reports what arrived.
+#[test]
+fn a_stranger_that_relayed_the_handshake_and_left_does_not_reach_a_receive() {
+    let version = nccl_net_fabric::fabric::runtime_version();
+    for (p, mut env) in envs(&[]) {
+        if !p.contains("ofi_rxm") {
+            continue;
+        }
+        // The victim probes its recorded peer, the stranger, which is gone: no probe may
+        // end the comm before the real messages are in.
+        env.push(("NCCL_FABRIC_PEER_TIMEOUT_MS".into(), "8000".into()));
+        let mut venv = env.clone();
+        venv.push(("NCCL_FABRIC_PROGRESS_THREAD".into(), "yes".into()));
+        let mut senv = env.clone();
+        senv.push(("NFAB_STRANGER_LEAVES".into(), "1".into()));
+        let mut victim = spawn_child("child_counting_victim", &venv, scaled(CHILD));
+        let mut sender = spawn_child("child_real_sender", &env, scaled(CHILD));
+        let mut stranger = spawn_child("child_stranger", &senv, scaled(CHILD));
+        stranger.send_line(&victim.read_result("handle"));
+        stranger.read_result("corpus");
+        sender.send_line(&stranger.read_result("relay"));
+        sender.read_result("connected");
+        victim.read_result("accepted");
+        stranger.read_result("learnt");
+        stranger.send_line("inject");
+        assert_eq!(stranger.read_result("injected"), INJECTED.to_string());
+        stranger.read_result("left");
+        // Its disconnect reaches the victim's provider before the real sender's first message.
+        std::thread::sleep(Duration::from_millis(500));
+        victim.send_line("go");
+        sender.send_line("go");
+        let counts = victim.read_result("real");
+        let fv = victim.finish();
+        let field = |name: &str| -> Option<usize> {
+            let (_, rest) = counts.split_once(&format!("{name}="))?;
+            rest.split_whitespace().next()?.parse().ok()
+        };
+        let failed = counts.contains("error=");
+        if failed {
+            // The sender's messages go nowhere now.
+            sender.kill();
+        } else {
+            ok(&sender.finish(), &format!("real sender over {p}"));
+        }
+        stranger.try_send_line("done");
+        let fs = stranger.finish();
+        ok(&fs, &format!("stranger over {p}"));
+        ok(&fv, &format!("victim over {p}"));
+        let foreign = field("foreign").expect("foreign=N");
+        let caveat = nccl_net_fabric::quirks::stale_source_after_reconnect(&p, version);
+        eprintln!(
+            "{p}: real={counts}; {} stated for this provider and version",
+            if caveat.is_some() {
+                "caveat"
+            } else {
+                "no caveat"
+            }
+        );
+        if caveat.is_none() {
+            assert_eq!(foreign, 0, "{p}: a receive returned a stranger's bytes");
+            assert!(!failed, "{p}: the real sender's messages did not arrive");
+        } else if failed {
+            // The provider lost the real sender's messages: the comm must end with
+            // ncclRemoteError, never hang.
+            assert_eq!(
+                field("error"),
+                Some(NcclResult::RemoteError as usize),
+                "{p}: {counts}"
+            );
+        }
     }
 }
 
