@@ -124,7 +124,12 @@ pub fn init() -> Result<Arc<Plugin>> {
     Ok(plugin)
 }
 
-fn open_devices(settings: Settings, discovery: &Discovery, decision: &Decision) -> Result<Plugin> {
+fn open_devices(
+    mut settings: Settings,
+    discovery: &Discovery,
+    decision: &Decision,
+) -> Result<Plugin> {
+    settings.size_for_devices(decision.devices.len());
     let mut fabrics: Vec<(String, Arc<Fabric>)> = Vec::new();
     let mut devices = Vec::new();
     let descriptions = describe_devices(discovery, decision, settings.speed_mbps);

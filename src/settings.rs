@@ -220,6 +220,11 @@ pub struct Settings {
     pub progress_thread: bool,
     /// Shared endpoints per device and role (at least 1).
     pub lanes: usize,
+    /// Whether `lanes` and `progress_thread` were left to the plugin (see [`sizing_for`]).
+    pub lanes_auto: bool,
+    pub threads_auto: bool,
+    /// The devices in use `auto` sized for (1 until [`Settings::size_for_devices`]).
+    pub devices: usize,
     /// The CPUs `auto` sized lanes and threads for.
     pub cpus: Cpus,
 }
@@ -290,7 +295,7 @@ impl Settings {
         };
         // Lanes and threads for this rank's CPUs, read once (/proc/cpuinfo, affinity).
         let cpus = Cpus::detect();
-        let (auto_lanes, auto_threads) = sizing_for(cpus.per_rank());
+        let (auto_lanes, auto_threads) = sizing_for(cpus.per_rank(), 1);
         Ok(Settings {
             hmem: match value(&lookup, HMEM)?.as_str() {
                 "require" => HmemMode::Require,
@@ -323,6 +328,9 @@ impl Settings {
                 0 => auto_lanes,
                 n => n as usize,
             },
+            lanes_auto: number(LANES)? == 0,
+            threads_auto: value(&lookup, PROGRESS_THREAD)? == "auto",
+            devices: 1,
             cpus,
         })
         .and_then(|s| {
@@ -446,18 +454,47 @@ impl Cpus {
     }
 }
 
-/// Lanes per direction and whether to run progress threads, for `cpus` CPUs of one rank:
-/// 8 or more: 4 lanes with threads; 4 to 7: 2 lanes with threads; fewer: 1 lane driven by
-/// NCCL's calls (threads would take the cores NCCL's own threads need).
-pub fn sizing_for(cpus: usize) -> (usize, bool) {
-    match cpus {
-        8.. => (4, true),
-        4..=7 => (2, true),
-        _ => (1, false),
-    }
+/// Threads NCCL itself keeps busy in each rank: its proxy thread, which calls the plugin,
+/// and the thread that drives the GPU.
+pub const NCCL_BUSY_THREADS: usize = 2;
+
+/// Lanes per direction per device and whether to run progress threads, for `cpus` CPUs of one
+/// rank and `devices` devices in use. A lane with threads keeps two threads busy (its sending
+/// and its receiving endpoint); the lanes' threads get at most two thirds of the CPUs left
+/// after NCCL's own, so fewer, busier threads rather than many (on 16 cores shared by two
+/// ranks, 2 lanes moved as much as 3 and 4 at the same CPU time). Below that a lane is driven
+/// by NCCL's calls alone.
+pub fn sizing_for(cpus: usize, devices: usize) -> (usize, bool) {
+    let devices = devices.max(1);
+    let spare = cpus.saturating_sub(NCCL_BUSY_THREADS);
+    let lanes = (spare / (3 * devices)).clamp(1, 4);
+    (lanes, spare >= 2 * lanes * devices)
 }
 
 impl Settings {
+    /// Sizes what was left to the plugin for the devices NCCL will be told of: the lanes'
+    /// threads of every device share the rank's CPUs.
+    pub fn size_for_devices(&mut self, devices: usize) {
+        let (lanes, threads) = sizing_for(self.cpus.per_rank(), devices);
+        self.devices = devices.max(1);
+        if self.lanes_auto {
+            self.lanes = lanes;
+        }
+        if self.threads_auto {
+            self.progress_thread = threads;
+        }
+    }
+
+    /// Threads of the plugin that spin while transfers are in flight: two per lane and
+    /// device with progress threads, none without (NCCL's calls then drive).
+    pub fn busy_threads(&self) -> usize {
+        if self.progress_thread {
+            2 * self.lanes * self.devices
+        } else {
+            0
+        }
+    }
+
     /// One line on how the plugin sized itself: CPUs, local ranks, lanes and threads, and
     /// what to change.
     pub fn sizing(&self) -> String {
@@ -467,7 +504,7 @@ impl Settings {
             local_ranks,
         } = self.cpus;
         let ranks = local_ranks.map_or("unknown".to_string(), |n| n.to_string());
-        let hint = if cpus < 8 && machine >= 8 {
+        let hint = if !self.progress_thread && self.threads_auto && machine >= 4 * cpus.max(1) {
             format!(
                 " This process is bound to {cpus} of the machine's {machine} CPUs (mpirun \
                  binds one core per rank by default): the plugin then runs no threads of its \
@@ -480,11 +517,14 @@ impl Settings {
         };
         format!(
             "sizing: {cpus} CPUs allowed (machine {machine}), local ranks {ranks}, so {} CPUs \
-             for this rank: {} lane(s) per direction, progress threads {} (NCCL_FABRIC_LANES, \
-             NCCL_FABRIC_PROGRESS_THREAD override).{hint}",
+             for this rank, {NCCL_BUSY_THREADS} of them NCCL's; {} device(s): {} lane(s) per \
+             direction each, progress threads {} ({} busy thread(s) of the plugin while data \
+             moves; NCCL_FABRIC_LANES, NCCL_FABRIC_PROGRESS_THREAD override).{hint}",
             self.cpus.per_rank(),
+            self.devices,
             self.lanes,
             if self.progress_thread { "yes" } else { "no" },
+            self.busy_threads(),
         )
     }
 }
@@ -526,13 +566,42 @@ pub fn markdown_table() -> String {
 
 #[cfg(test)]
 mod sizing_tests {
-    use super::sizing_for;
+    use super::{sizing_for, NCCL_BUSY_THREADS};
 
     #[test]
     fn ranks_sharing_a_machine_get_fewer_lanes_and_threads() {
-        assert_eq!(sizing_for(32), (4, true), "one rank on a GPU host");
-        assert_eq!(sizing_for(32 / 8), (2, true), "8 ranks sharing 32 CPUs");
-        assert_eq!(sizing_for(1), (1, false), "a rank bound to one core");
+        assert_eq!(sizing_for(32, 1), (4, true), "one rank on a GPU host");
+        assert_eq!(sizing_for(16, 1), (4, true), "one rank on 16 cores");
+        assert_eq!(
+            sizing_for(16 / 2, 1),
+            (2, true),
+            "two ranks sharing 16 cores"
+        );
+        assert_eq!(
+            sizing_for(64 / 8, 1),
+            (2, true),
+            "8 ranks on a 64-core node"
+        );
+        assert_eq!(sizing_for(32 / 8, 1), (1, true), "8 ranks sharing 32 CPUs");
+        assert_eq!(
+            sizing_for(8, 2),
+            (1, true),
+            "two devices share the rank's CPUs"
+        );
+        assert_eq!(sizing_for(2, 1), (1, false), "one rank on 2 cores");
+        assert_eq!(sizing_for(1, 1), (1, false), "a rank bound to one core");
+        for cpus in 1..=128 {
+            for devices in 1..=4 {
+                let (lanes, threads) = sizing_for(cpus, devices);
+                assert!((1..=4).contains(&lanes));
+                if threads {
+                    assert!(
+                        2 * lanes * devices + NCCL_BUSY_THREADS <= cpus,
+                        "{cpus} CPUs, {devices} devices: the busy threads fit"
+                    );
+                }
+            }
+        }
     }
 }
 
@@ -590,7 +659,7 @@ mod tests {
     #[test]
     fn lanes_follow_the_machine_unless_set() {
         let auto = parse(&[]).unwrap().lanes;
-        assert_eq!(auto, sizing_for(Cpus::detect().per_rank()).0);
+        assert_eq!(auto, sizing_for(Cpus::detect().per_rank(), 1).0);
         assert_eq!(parse(&[(LANES, "8")]).unwrap().lanes, 8);
         assert!(parse(&[(LANES, "65")]).is_err());
     }

@@ -43,7 +43,14 @@
 #                RSS, the plugin's INFO lines, which NET devices NCCL's channels use, and the
 #                time per size side by side (scripts/gpu/sizes.py). A variant holding the word
 #                `baseline` runs the plugin in $BASELINE_DIR; HOSTS_NO_SOCKET=1 skips Socket;
-#                HOSTS_TEST names another nccl-tests binary (sendrecv_perf, alltoall_perf …)
+#                HOSTS_TEST names another nccl-tests binary (sendrecv_perf, alltoall_perf …);
+#                HOSTS_BIND replaces mpirun's "--bind-to none" ("--bind-to core": one core per
+#                rank, mpirun's default) and HOSTS_TAG names the runs apart
+#   ceiling      what the provider itself moves here (fabtests fi_rdm_tagged_bw, built against the
+#                libfabric stage's build): $CEILING_FLOWS flows each way (default "1 2 4"), both
+#                directions at once, $CEILING_PROVIDER (tcp;ofi_rxm) over eth0's address,
+#                $CEILING_SIZE-byte messages (1 MiB), $CEILING_WINDOW in flight (64); the sum of
+#                the flows' MB/s per direction
 #   all          libfabric nccltests doctor loading collectives variants mpi torch (about 10 min)
 #   issue10      libfabric nccltests compare torch loading
 #
@@ -549,7 +556,7 @@ hosts_run() {
   log "run $name ($test, two hosts)"
   rm -f "$cost"
   python3 scripts/gpu/measure.py "$cost" timeout -k 10 "$TIMEOUT" \
-    mpirun --allow-run-as-root --bind-to none -np 2 \
+    mpirun --allow-run-as-root ${HOSTS_BIND:---bind-to none} -np 2 \
     bash -c 'export NCCL_HOSTID=h$OMPI_COMM_WORLD_RANK; exec env "$@"' _ \
     NCCL_TESTS_DEVICE=0 NCCL_DEBUG=INFO NCCL_DEBUG_SUBSYS=INIT,NET "$@" \
     "$NCCL_TESTS_MPI_DIR/$test" -b "$MINBYTES" -e "$MAXBYTES" -f 2 -g 1 -n "$ITERS" -w "$WARMUP" \
@@ -561,8 +568,8 @@ stage_hosts() {
   plugin_env
   start_mps
   local fab=(NCCL_NET=Fabric NCCL_NET_PLUGIN="$PLUGIN_LIB/libnccl-net-fabric.so")
-  local names=() v i=0 test=${HOSTS_TEST:-all_reduce_perf} tag=${HOSTS_TEST:+-${HOSTS_TEST%_perf}}
-  table_header "Two ranks as two hosts on one GPU (MPS), $test -b $MINBYTES -e $MAXBYTES -f 2 -n $ITERS -w $WARMUP"
+  local names=() v i=0 test=${HOSTS_TEST:-all_reduce_perf} tag=${HOSTS_TEST:+-${HOSTS_TEST%_perf}}${HOSTS_TAG:+-$HOSTS_TAG}
+  table_header "Two ranks as two hosts on one GPU (MPS), mpirun ${HOSTS_BIND:---bind-to none}, $test -b $MINBYTES -e $MAXBYTES -f 2 -n $ITERS -w $WARMUP"
   if [ -z "${HOSTS_NO_SOCKET:-}" ]; then
     hosts_run hosts$tag-socket "$test" NCCL_NET=Socket NCCL_NET_PLUGIN=none
     hosts_run hosts$tag-socket4x4 "$test" NCCL_NET=Socket NCCL_NET_PLUGIN=none \
@@ -605,6 +612,59 @@ stage_hosts() {
     local logs=("${names[@]/#/$OUT/logs/}")
     python3 scripts/gpu/sizes.py "${logs[@]/%/.log}"
   } >>"$summary"
+}
+
+stage_fabtests() {
+  local ft=$work/fabtests
+  if [ -x "$ft/bin/fi_rdm_tagged_bw" ]; then return 0; fi
+  local src=$work/fabtests-src
+  rm -rf "$src"; mkdir -p "$src"
+  tar -xJf "$LIBFABRIC_TARBALL" -C "$src" --strip-components=1 || return 1
+  [ -x "$src/fabtests/configure" ] || { log "no configure in fabtests (run scripts/gpu/prepare.sh again)"; return 1; }
+  log "building fabtests"
+  (cd "$src/fabtests" && ./configure --prefix="$ft" --with-libfabric="$lf" >"$OUT/logs/fabtests-build.log" 2>&1 \
+    && make -j"$(nproc)" install >>"$OUT/logs/fabtests-build.log" 2>&1) \
+    || { tail -n 30 "$OUT/logs/fabtests-build.log" >&2; return 1; }
+}
+
+stage_ceiling() {
+  stage_fabtests || return 1
+  local prov=${CEILING_PROVIDER:-tcp;ofi_rxm} ip n k port bw=$work/fabtests/bin/fi_rdm_tagged_bw
+  local size=${CEILING_SIZE:-1048576} window=${CEILING_WINDOW:-64}
+  # eth0's IPv4 address (SIOCGIFADDR; the machine may have no iproute2).
+  ip=$(python3 -c 'import fcntl, socket, struct; s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM); print(socket.inet_ntoa(fcntl.ioctl(s.fileno(), 0x8915, struct.pack("256s", b"eth0"))[20:24]))')
+  {
+    echo
+    echo "## What $prov itself moves here (fabtests fi_rdm_tagged_bw, messages of $size bytes, window $window, over $ip)"
+    echo
+    echo "| flows each way | MB/s one way (sum) | MB/s the other way (sum) | both, GB/s |"
+    echo "| --- | --- | --- | --- |"
+  } >>"$summary"
+  for n in ${CEILING_FLOWS:-1 2 4}; do
+    local logs=() pids=()
+    # 2n pairs: n servers of each direction; on one machine a direction is only which of
+    # the pair sends, so pair k of direction d is server d, client 1-d.
+    for k in $(seq 0 $((2 * n - 1))); do
+      port=$((23000 + 10 * n + k))
+      LD_LIBRARY_PATH=$lf/lib timeout 60 "$bw" -p "$prov" -s "$ip" -E="$port" -S "$size" -W "$window" -I 3000 -w 100 \
+        >"$OUT/logs/ceiling-$n-$k-server.log" 2>&1 &
+      pids+=($!)
+    done
+    sleep 1
+    for k in $(seq 0 $((2 * n - 1))); do
+      port=$((23000 + 10 * n + k))
+      LD_LIBRARY_PATH=$lf/lib timeout 60 "$bw" -p "$prov" -E="$port" -S "$size" -W "$window" -I 3000 -w 100 "$ip" \
+        >"$OUT/logs/ceiling-$n-$k-client.log" 2>&1 &
+      pids+=($!)
+    done
+    wait "${pids[@]}"
+    # The MB/sec column of each client's result line.
+    local sums
+    sums=$(for k in $(seq 0 $((2 * n - 1))); do
+      awk '/^[0-9]/ && NF >= 7 {v = $5} END {print v + 0}' "$OUT/logs/ceiling-$n-$k-client.log"
+    done | awk -v n="$n" '{ if (NR <= n) a += $1; else b += $1 } END { printf "%.0f | %.0f | %.2f", a, b, (a + b) / 1000 }')
+    echo "| $n | $sums |" >>"$summary"
+  done
 }
 
 stage_pack() {
