@@ -231,7 +231,8 @@ impl Endpoint {
                 cuda_api_answer: answer,
                 shape: Shape::of(info.addr_format(), &buf),
                 directed: info.caps() & sys::FI_DIRECTED_RECV != 0,
-                source: info.caps() & sys::FI_SOURCE != 0,
+                source: info.caps() & sys::FI_SOURCE != 0
+                    && !crate::quirks::source_unreported(&info.provider()),
                 name: buf,
                 provider: info.provider(),
                 overflow: info.rx_iov_limit() >= 2 && info.mr_mode() & sys::FI_MR_LOCAL as i32 == 0,

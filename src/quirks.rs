@@ -52,6 +52,12 @@
 //!   threads (NCCL's calls drive) 2 of 16 runs still stall; the default for shm, an endpoint
 //!   per comm, showed neither (0 of 8). 2.1 is not affected; the versions between were not
 //!   tried.
+//! - **Sources rxd does not report**: `ofi_rxd` (libfabric 1.17 and 2.1) offers `FI_SOURCE`
+//!   but writes its completions without a source, so `fi_cq_readfrom` gives fi_addr 0 for
+//!   every message, and a receive checking its source dropped each real message as a
+//!   stranger's ("dropped a message of 0 bytes from … fi_addr 0x0"; the first message never
+//!   arrived). rxd matches directed receives by their source itself, so its completions'
+//!   sources are not read ([`source_unreported`]).
 //! - **No link speed**: shm and sm2 report none; NCCL then opens 2 channels at the 100 Gb/s it
 //!   assumes. They are announced at 400 Gb/s so NCCL opens 4 and 4 endpoints copy at once
 //!   (all_reduce busbw at 1 GiB: 9.3 → 14.5 GB/s on a 32-core machine) ([`unreported_speed_mbps`]).
@@ -94,6 +100,11 @@ pub fn stale_source_after_reconnect(provider: &str, version: u32) -> Option<&'st
 /// shm: see the module notes).
 pub fn serial_progress(provider: &str, version: u32) -> bool {
     provider == "shm" && version < crate::fabric::fi_version(2, 1)
+}
+
+/// Whether the provider offers `FI_SOURCE` but leaves completions without a source.
+pub fn source_unreported(provider: &str) -> bool {
+    provider.contains("ofi_rxd")
 }
 
 /// Whether `-FI_ENOMEM` from a post means "no free entry in the queue now".

@@ -337,6 +337,36 @@ fn two_processes() {
     }
 }
 
+/// Providers the other tests do not cover, each as two processes, with NCCL's calls driving and
+/// with progress threads: `udp;ofi_rxd` (manual progress, layered on a datagram provider, and
+/// completions without a source), and on 1.17 `sockets`, `net` and `net;ofi_rxm`.
+#[test]
+fn two_processes_on_more_providers() {
+    let mut providers = vec!["udp;ofi_rxd"];
+    if libfabric_version() < (1, 18) {
+        providers.extend(["sockets", "net", "net;ofi_rxm"]);
+    }
+    for p in providers {
+        for threads in ["no", "yes"] {
+            let mut env = provider_env(p);
+            env.push(("NCCL_FABRIC_PROGRESS_THREAD".into(), threads.into()));
+            let (a, b) = process_pair("child_process_rank", &env);
+            for (name, f) in [("a", a.finish()), ("b", b.finish())] {
+                assert!(
+                    f.success,
+                    "rank {name} over {p} (progress threads {threads}) failed\n--- stdout\n{}\n--- stderr\n{}",
+                    f.stdout, f.stderr
+                );
+                assert!(
+                    !f.stderr.contains("NCCL WARN"),
+                    "rank {name} over {p}: {}",
+                    f.stderr
+                );
+            }
+        }
+    }
+}
+
 /// The same two ranks on two hosts (network namespaces joined by a veth pair), with no
 /// domain filter: what a job across machines runs.
 #[test]
