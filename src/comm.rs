@@ -73,6 +73,8 @@ pub enum CommId {
 /// A send or receive comm.
 pub struct Comm {
     pub dir: Direction,
+    /// The NCCL device it is on.
+    pub dev: usize,
     pub lane: Arc<Lane>,
     /// The comm id in this pair's data tags (chosen by the receiving lane).
     id: u64,
@@ -144,6 +146,7 @@ impl Comm {
     /// [`REQUESTS_PER_COMM`] requests, each of one buffer).
     pub fn new(
         dir: Direction,
+        dev: usize,
         lane: Arc<Lane>,
         id: CommId,
         peer: PeerInfo,
@@ -180,6 +183,7 @@ impl Comm {
         };
         let comm = Arc::new(Comm {
             dir,
+            dev,
             lane,
             id,
             lease,

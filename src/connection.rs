@@ -83,7 +83,9 @@ pub fn listen(
 }
 
 /// Makes a comm on `lane`, giving the lane's user back if that fails.
+#[allow(clippy::too_many_arguments)]
 fn comm_on(
+    dev: usize,
     lane: Arc<Lane>,
     dir: Direction,
     id: CommId,
@@ -102,6 +104,7 @@ fn comm_on(
     let stall = plugin.settings.stall_warn_ms;
     Ok(Comm::new(
         dir,
+        dev,
         lane,
         id,
         PeerInfo {
@@ -210,6 +213,7 @@ impl ListenComm {
         let receiver = Arc::downgrade(&lane.endpoint);
         let name = lane.endpoint.name.clone();
         let comm = comm_on(
+            device.index,
             lane,
             Direction::Recv,
             CommId::Leased(lease),
@@ -394,6 +398,7 @@ fn advance(c: &mut Connecting, device: &Device, plugin: &Plugin) -> Result<Optio
     };
     let lane = c.lane.take().expect("set in step 1");
     let comm = comm_on(
+        device.index,
         lane,
         Direction::Send,
         CommId::Peer(id),

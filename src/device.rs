@@ -78,6 +78,8 @@ pub struct Device {
     pub lanes: Arc<LanePool>,
     /// With GPU buffers allowed, every endpoint must answer setopt as the probe did.
     pub expected_answer: Option<i32>,
+    /// What NCCL's registrations on this device said about GPU buffers.
+    pub buffers: crate::gdr::BufferReport,
     liveness: Liveness,
     control: Mutex<Option<Arc<Control>>>,
     /// Connects in progress, by the handle's (token, nonce).
@@ -94,7 +96,16 @@ impl Device {
         expected_answer: Option<i32>,
         liveness: Liveness,
     ) -> Self {
+        let buffers = crate::gdr::BufferReport::new(
+            index,
+            props.ptr_support & crate::nccl::PTR_CUDA != 0,
+            props
+                .pci_path
+                .as_ref()
+                .map(|p| p.to_string_lossy().into_owned()),
+        );
         Device {
+            buffers,
             index,
             domain,
             props,

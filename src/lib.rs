@@ -31,6 +31,7 @@ pub mod endpoint;
 pub mod error;
 pub mod exports;
 pub mod fabric;
+pub mod gdr;
 pub mod handshake;
 pub mod lane;
 pub mod log;

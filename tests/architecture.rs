@@ -84,7 +84,10 @@ const LAYERS: &[(&str, &[&str])] = &[
         "C types and the system",
         &["sys", "nccl", "random", "nic", "tags", "overflow"],
     ),
-    ("errors and logging", &["error", "log"]),
+    (
+        "errors and logging; what NCCL decided about GPU buffers",
+        &["error", "log", "gdr"],
+    ),
     (
         "settings, NCCL's pointers, libfabric objects",
         &["settings", "opaque", "fabric"],

@@ -245,6 +245,7 @@ fn two_ranks_on_threads() {
 fn two_ranks_on_threads_with_hmem_forced_on_shm() {
     let mut env = provider_env("shm");
     env.push(("NCCL_FABRIC_HMEM".into(), "force".into()));
+    env.push(("NCCL_DEBUG".into(), "INFO".into()));
     let f = run_child("child_two_ranks_threads", &env, CHILD_TIMEOUT);
     assert!(
         f.success && f.result("ok").is_some(),
@@ -252,6 +253,22 @@ fn two_ranks_on_threads_with_hmem_forced_on_shm() {
         f.stdout,
         f.stderr
     );
+    // NCCL's side: host buffers registered where GPU buffers were offered, said once per
+    // direction, with the reason for a device without a PCI path (shm's); nothing where they
+    // were not (2.1 shm refuses the option, so force cannot offer them).
+    let offered = !f.stderr.contains("GPU buffers: no");
+    for side in ["sends", "receives"] {
+        let line = format!(
+            "NCCL uses host buffers on dev 0 ({side}) although the plugin offers GPU buffers: \
+             dev 0 has no PCI path"
+        );
+        assert_eq!(
+            f.stderr.matches(&line).count(),
+            usize::from(offered),
+            "{line}\n--- stderr\n{}",
+            f.stderr
+        );
+    }
 }
 
 #[test]

@@ -22,6 +22,7 @@ use crate::comm::{Buffer, Comm, Direction, Request, MAX_RECVS};
 use crate::connection::{self, ListenComm};
 use crate::device::Properties;
 use crate::error::{Error, Result};
+use crate::gdr::Side;
 use crate::mr::{cuda_device_of, Memory, MemoryRegion};
 use crate::nccl::{self, DeviceHandleV8, Logger, NcclResult, ProfilerFn};
 use crate::opaque;
@@ -317,9 +318,19 @@ pub(crate) unsafe extern "C" fn reg_mr(
         let (comm, slot) =
             unsafe { (opaque::borrow::<Arc<Comm>>(comm)?, out(mhandle, "mhandle")?) };
         *slot = std::ptr::null_mut();
+        let plugin = plugin::get()?;
+        if let Some(d) = plugin.devices.get(comm.dev) {
+            d.buffers.note(
+                match comm.dir {
+                    Direction::Send => Side::Send,
+                    Direction::Recv => Side::Recv,
+                },
+                kind,
+            );
+        }
         let memory = match kind {
             nccl::PTR_HOST => Memory::Host,
-            nccl::PTR_CUDA if plugin::get()?.gpu => Memory::Cuda {
+            nccl::PTR_CUDA if plugin.gpu => Memory::Cuda {
                 device: cuda_device_of(data as usize),
             },
             nccl::PTR_CUDA => {
