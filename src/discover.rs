@@ -154,5 +154,15 @@ fn probe(info: crate::fabric::Info<'_>) -> Result<i32> {
     let fabric = Fabric::open(info)?;
     let domain = Domain::open(&fabric, info)?;
     let (ep, _queue) = Endpoint::open(&domain, None)?;
+    let max = crate::handshake::HANDLE_ADDR_MAX;
+    if ep.name.len() > max {
+        return Err(crate::error::Error::NoProvider(format!(
+            "its endpoint names are {} bytes, and NCCL's {}-byte connection handle carries \
+             at most {max}: the plugin cannot hand such a name to the peer (a control path \
+             for long names is not built yet)",
+            ep.name.len(),
+            crate::nccl::NET_HANDLE_MAXSIZE
+        )));
+    }
     Ok(ep.cuda_api_answer)
 }

@@ -156,15 +156,25 @@ impl Endpoint {
                 "fi_cq_open",
                 sys::fi_cq_open(domain.raw(), &mut cq_attr, &mut cq, ptr::null_mut()),
             )?;
-            let mut av_attr = sys::fi_av_attr {
-                type_: sys::FI_AV_TABLE,
-                count: AV_SIZE,
-                ..Default::default()
+            // The type the provider asks for, else a table; a provider that takes no table
+            // (ucx: FI_AV_MAP only, though it asks for none) gets to choose.
+            let mut open_av = |type_| {
+                let mut av_attr = sys::fi_av_attr {
+                    type_,
+                    count: AV_SIZE,
+                    ..Default::default()
+                };
+                sys::fi_av_open(domain.raw(), &mut av_attr, &mut av, ptr::null_mut())
             };
-            if let Err(e) = check(
-                "fi_av_open",
-                sys::fi_av_open(domain.raw(), &mut av_attr, &mut av, ptr::null_mut()),
-            ) {
+            let wanted = match info.av_type() {
+                sys::FI_AV_MAP => sys::FI_AV_MAP,
+                _ => sys::FI_AV_TABLE,
+            };
+            let mut ret = open_av(wanted);
+            if ret == -(sys::FI_EINVAL as i32) && wanted == sys::FI_AV_TABLE {
+                ret = open_av(sys::FI_AV_UNSPEC);
+            }
+            if let Err(e) = check("fi_av_open", ret) {
                 undo(cq, ptr::null_mut());
                 return Err(e);
             }
@@ -212,12 +222,15 @@ impl Endpoint {
                     return Err(e);
                 }
             };
+            // A provider with longer names (ucx: 1024 bytes) says how long: asked again.
             let mut len = 256usize;
             let mut buf = vec![0u8; len];
-            let named = check(
-                "fi_getname",
-                sys::fi_getname(&raw mut (*ep).fid, buf.as_mut_ptr().cast(), &mut len),
-            );
+            let mut ret = sys::fi_getname(&raw mut (*ep).fid, buf.as_mut_ptr().cast(), &mut len);
+            if ret == -(sys::FI_ETOOSMALL as i32) && len > buf.len() {
+                buf = vec![0u8; len];
+                ret = sys::fi_getname(&raw mut (*ep).fid, buf.as_mut_ptr().cast(), &mut len);
+            }
+            let named = check("fi_getname", ret);
             if let Err(e) = named {
                 close_fid("endpoint", ep.cast());
                 undo(cq, av);

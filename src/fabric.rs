@@ -169,6 +169,10 @@ impl<'a> Info<'a> {
     pub fn mr_mode(&self) -> i32 {
         self.domain_attr().mr_mode
     }
+    /// The address vector type the provider asks for (`FI_AV_UNSPEC` when it has none).
+    pub fn av_type(&self) -> sys::fi_av_type {
+        self.domain_attr().av_type
+    }
     pub fn mr_key_size(&self) -> usize {
         self.domain_attr().mr_key_size
     }

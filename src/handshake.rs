@@ -22,6 +22,8 @@ const HEADER: usize = 40;
 pub const MSG_SIZE: usize = 320;
 /// Longest address a record field may carry.
 pub const MAX_ADDR: usize = 128;
+/// Longest endpoint name NCCL's connection handle can carry (one field after the header).
+pub const HANDLE_ADDR_MAX: usize = NET_HANDLE_MAXSIZE - HEADER - 2;
 
 /// Which process, on which host: named in log lines about a peer.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -395,6 +397,18 @@ mod tests {
     #[test]
     fn zeroed_and_corrupted_handles_are_rejected() {
         let zero = [0u8; NET_HANDLE_MAXSIZE];
+        let longest = Handle {
+            token: 1,
+            nonce: 2,
+            owner: Identity::default(),
+            addr: vec![7; HANDLE_ADDR_MAX],
+        };
+        assert!(longest.write(&mut [0u8; NET_HANDLE_MAXSIZE]).is_ok());
+        let too_long = Handle {
+            addr: vec![7; HANDLE_ADDR_MAX + 1],
+            ..longest
+        };
+        assert!(too_long.write(&mut [0u8; NET_HANDLE_MAXSIZE]).is_err());
         assert!(Handle::read(&zero)
             .unwrap_err()
             .to_string()

@@ -51,6 +51,10 @@
 #                directions at once, $CEILING_PROVIDER (tcp;ofi_rxm) over eth0's address,
 #                $CEILING_SIZE-byte messages (1 MiB), $CEILING_WINDOW in flight (64); the sum of
 #                the flows' MB/s per direction
+#   ucx          libfabric 2.1 built with CUDA and the ucx provider against the UCX in
+#                $UCX_TARBALL (include/ and lib/ of the libucx-cu13 wheel, see the shared notes), then
+#                fi_info -p ucx and the plugin's doctor with NCCL_FABRIC_PROVIDER=ucx
+#                (FI_UCX_DEVICES=eth0, UCX_TLS=tcp,cuda_copy,self)
 #   all          libfabric nccltests doctor loading collectives variants mpi torch (about 10 min)
 #   issue10      libfabric nccltests compare torch loading
 #
@@ -611,6 +615,32 @@ stage_hosts() {
     echo
     local logs=("${names[@]/#/$OUT/logs/}")
     python3 scripts/gpu/sizes.py "${logs[@]/%/.log}"
+  } >>"$summary"
+}
+
+stage_ucx() {
+  local tarball=${UCX_TARBALL:-$in/ucx-1.19.0.tar.xz} ucx=$work/ucx lfu=$work/libfabric-ucx
+  [ -f "$tarball" ] || { log "no UCX at $tarball"; return 1; }
+  if [ ! -e "$lfu/lib/libfabric.so" ]; then
+    rm -rf "$ucx"
+    tar -xJf "$tarball" -C "$work" || return 1
+    log "building libfabric 2.1 with CUDA and ucx"
+    LIBFABRIC_PREFIX=$lfu LIBFABRIC_TARBALL=$LIBFABRIC_TARBALL \
+      LIBFABRIC_CONFIGURE_EXTRA="--with-cuda=/usr/local/cuda --enable-cuda-dlopen --enable-ucx=$ucx" \
+      bash scripts/build-libfabric.sh >"$OUT/logs/libfabric-ucx-build.log" 2>&1 \
+      || { tail -n 40 "$OUT/logs/libfabric-ucx-build.log" >&2; return 1; }
+  fi
+  PLUGIN_LIB=$(install_plugin)
+  local env=(LD_LIBRARY_PATH="$lfu/lib:$ucx/lib:${LD_LIBRARY_PATH:-}" UCX_MODULE_DIR="$ucx/lib/ucx"
+    FI_UCX_DEVICES=eth0 UCX_TLS=tcp,cuda_copy,self)
+  {
+    echo
+    echo "## ucx (libfabric 2.1 with ucx, UCX $(basename "$tarball" .tar.xz))"
+    echo '```'
+    env "${env[@]}" timeout 60 "$lfu/bin/fi_info" -p ucx 2>&1 | head -n 20
+    echo
+    env "${env[@]}" NCCL_FABRIC_PROVIDER=ucx timeout 60 "$PLUGIN_DIR/nccl-net-fabric" doctor 2>&1 | head -n 60
+    echo '```'
   } >>"$summary"
 }
 
