@@ -274,9 +274,7 @@ impl Driver {
     pub fn turn(&mut self) -> Result<usize> {
         let serial = self.queue.serial();
         let _turn = serial.as_deref().map(Mutex::lock);
-        if let Some(e) = self.health.broken() {
-            return Err(Error::Remote(e.to_string()));
-        }
+        self.health.check()?;
         let mut work = self.take_commands();
         work += self.post_waiting();
         match self.read_completions() {
@@ -284,7 +282,8 @@ impl Driver {
             Err(e) => {
                 let _ = self.health.broken.set(e.to_string());
                 tracing::warn!("{}: completion queue failed: {e}", self.label);
-                return Err(e);
+                // Whoever asked sees what every later call on the endpoint sees.
+                return self.health.check().map(|()| 0);
             }
         }
         if !self.sinks.is_empty() {

@@ -231,6 +231,144 @@ fn child_survivor() {
     println!("RESULT ok=1");
 }
 
+/// Builds `tests/fault/cq_fails.c` (a preload that breaks every completion queue of a process
+/// once a file exists) against the libfabric headers in use; returns the library's path.
+fn cq_fault_library() -> std::path::PathBuf {
+    let out = std::env::temp_dir().join(format!("nfab-cq-fails-{}.so", std::process::id()));
+    let mut cc = std::process::Command::new("cc");
+    if let Ok(dir) = std::env::var("LIBFABRIC_DIR") {
+        if !dir.is_empty() {
+            cc.arg(format!("-I{dir}/include"));
+        }
+    }
+    let status = cc
+        .args(["-shared", "-fPIC", "-O1", "-Wall", "-o"])
+        .arg(&out)
+        .arg(concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/tests/fault/cq_fails.c"
+        ))
+        .arg("-ldl")
+        .status()
+        .expect("cc (scripts/setup-debian.sh installs it)");
+    assert!(status.success(), "building tests/fault/cq_fails.c failed");
+    out
+}
+
+#[test]
+#[ignore = "child process of another test"]
+fn child_broken_queue() {
+    // Receives a stream until its completion queues break, then tries its send comm too.
+    let lib = init();
+    let deadline = until(60.0);
+    let (send, recv, listen) = meet_peer(&lib, deadline, true);
+    lib.close_listen(listen).expect("closeListen");
+    println!("RESULT streaming=1");
+    let mut buf = vec![0u8; 1 << 20];
+    let mut last_ok = Instant::now();
+    let err = loop {
+        // SAFETY: buf outlives the request, waited for right away.
+        let r = unsafe { lib.irecv_until(recv, buf.as_mut_ptr().cast(), 1 << 20, NULL, deadline) };
+        match r.and_then(|r| lib.wait(r, deadline)) {
+            Ok(_) => last_ok = Instant::now(),
+            Err(e) => break e,
+        }
+    };
+    println!(
+        "RESULT recv_error={} after_ms={}",
+        err.code,
+        last_ok.elapsed().as_millis()
+    );
+    // The other comm of the process: its send fails too, at the post or at its test.
+    let started = Instant::now();
+    // SAFETY: as above.
+    let r = unsafe { lib.isend_until(send, buf.as_mut_ptr().cast(), 4096, NULL, deadline) };
+    let code = match r.and_then(|r| lib.wait(r, deadline)) {
+        Ok(_) => 0,
+        Err(e) => e.code,
+    };
+    println!(
+        "RESULT send_error={code} after_ms={}",
+        started.elapsed().as_millis()
+    );
+    lib.close_send(send).expect("closeSend");
+    lib.close_recv(recv).expect("closeRecv");
+    println!("RESULT ok=1");
+}
+
+/// README's row "the provider's completion queue fails": a rank whose completion queues
+/// start failing (`fi_cq_read` itself returns an error, made so by a preloaded library that
+/// wraps the provider's queue) reports `ncclRemoteError` on every comm at once, with a WARN.
+#[test]
+fn a_failing_completion_queue_fails_every_comm() {
+    let library = cq_fault_library();
+    for (p, env) in envs(&[]) {
+        let trigger = std::env::temp_dir().join(format!("nfab-cq-broken-{}", std::process::id()));
+        let _ = std::fs::remove_file(&trigger);
+        let mut broken_env = env.clone();
+        broken_env.push(("LD_PRELOAD".into(), library.display().to_string()));
+        broken_env.push(("NFAB_CQ_FAIL_FILE".into(), trigger.display().to_string()));
+        let mut rank = spawn_child("child_broken_queue", &broken_env, scaled(CHILD));
+        let mut peer = spawn_child(
+            "child_doomed_peer",
+            &{
+                let mut e = env.clone();
+                e.push(("NFAB_DOOMED_SENDS".into(), "1".into()));
+                e
+            },
+            scaled(CHILD),
+        );
+        let hr = rank.read_result("handle");
+        let hp = peer.read_result("handle");
+        rank.send_line(&hp);
+        peer.send_line(&hr);
+        rank.read_result("streaming");
+        let files = peer.read_result("files");
+        peer.read_result("streaming");
+        std::thread::sleep(Duration::from_millis(300));
+        std::fs::write(&trigger, b"").expect("trigger");
+        let f = rank.finish();
+        peer.kill();
+        remove_files(&files);
+        let _ = std::fs::remove_file(&trigger);
+        ok(&f, &p);
+        let field = |key: &str, n: &str| -> u64 {
+            f.result(key)
+                .and_then(|v| {
+                    v.split_whitespace()
+                        .find_map(|w| w.strip_prefix(n).or(Some(w).filter(|_| n.is_empty())))
+                        .and_then(|x| x.parse().ok())
+                })
+                .unwrap_or_else(|| panic!("{p}: no {key} {n}: {}", f.stdout))
+        };
+        let remote = NcclResult::RemoteError as u64;
+        eprintln!(
+            "{p}: receive {:?}, send {:?}",
+            f.result("recv_error"),
+            f.result("send_error")
+        );
+        assert_eq!(field("recv_error", ""), remote, "{p}: {}", f.stderr);
+        assert_eq!(field("send_error", ""), remote, "{p}: {}", f.stderr);
+        // "At once": the driver's next turn; 1 s of slack on a loaded 2-core machine.
+        assert!(
+            field("recv_error", "after_ms=") <= scaled(1.0).as_millis() as u64,
+            "{p}: {}",
+            f.stdout
+        );
+        assert!(
+            field("send_error", "after_ms=") <= scaled(1.0).as_millis() as u64,
+            "{p}: {}",
+            f.stdout
+        );
+        assert!(
+            f.stderr.contains("completion queue failed"),
+            "{p}: no WARN naming the queue: {}",
+            f.stderr
+        );
+    }
+    let _ = std::fs::remove_file(&library);
+}
+
 /// Whether this machine lets us make pid namespaces (root, or user namespaces allowed).
 fn can_unshare() -> bool {
     std::process::Command::new("unshare")
