@@ -8,7 +8,127 @@
 //! than PXB from every GPU.
 
 use crate::nccl;
+use crate::nic::Sysfs;
+use std::path::Path;
 use std::sync::atomic::{AtomicBool, Ordering};
+
+/// The PCI path types NCCL compares with `NCCL_NET_GDR_LEVEL`, nearest first.
+#[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Debug)]
+pub enum PathType {
+    /// Both under the same PCI bridge.
+    Pix,
+    /// Through PCI bridges only, without the CPU.
+    Pxb,
+    /// Through the CPU's host bridge.
+    Phb,
+    /// Across CPUs, or to a NIC NCCL places at the CPU (no PCI path, or not a PCI function).
+    Sys,
+}
+
+impl PathType {
+    pub fn name(self) -> &'static str {
+        match self {
+            PathType::Pix => "PIX",
+            PathType::Pxb => "PXB",
+            PathType::Phb => "PHB",
+            PathType::Sys => "SYS",
+        }
+    }
+
+    /// `NCCL_NET_GDR_LEVEL`'s value as a path type (names, or NCCL's old numbers 0–5).
+    pub fn parse(level: &str) -> Option<PathType> {
+        match level.trim().to_ascii_uppercase().as_str() {
+            "LOC" | "NVL" | "NVB" | "C2C" | "PIX" | "0" | "1" => Some(PathType::Pix),
+            "PXB" | "PXN" | "2" => Some(PathType::Pxb),
+            "PHB" | "3" => Some(PathType::Phb),
+            "SYS" | "4" | "5" => Some(PathType::Sys),
+            _ => None,
+        }
+    }
+}
+
+/// The path type between a GPU and a NIC, from their sysfs paths, as NCCL's topology sees
+/// it: a NIC without a PCI path, or whose device is not a PCI function (virtio), sits at the
+/// CPU, which NCCL reaches from a GPU only through `SYS`.
+pub fn path_type(gpu: &Path, nic: Option<&Path>) -> PathType {
+    let nic_function = nic.filter(|n| {
+        n.file_name()
+            .and_then(|f| f.to_str())
+            .is_some_and(crate::nic::is_pci_address)
+    });
+    let (Some(g), Some(n)) = (
+        Sysfs::pci_chain(gpu),
+        nic_function.and_then(Sysfs::pci_chain),
+    ) else {
+        return PathType::Sys;
+    };
+    if g[0] != n[0] {
+        let same_cpu = Sysfs::numa_node(gpu).is_some()
+            && Sysfs::numa_node(gpu) == nic_function.and_then(Sysfs::numa_node);
+        return if same_cpu {
+            PathType::Phb
+        } else {
+            PathType::Sys
+        };
+    }
+    // Functions below the root both paths share: bridges, since neither is the other's.
+    let shared = g[1..]
+        .iter()
+        .zip(&n[1..])
+        .take_while(|(a, b)| a == b)
+        .count();
+    match shared {
+        0 => PathType::Phb,
+        s if s + 2 == g.len() && s + 2 == n.len() => PathType::Pix,
+        _ => PathType::Pxb,
+    }
+}
+
+/// What `doctor` predicts for one GPU and one device: the path type, the level in force, and
+/// whether NCCL will pass GPU buffers.
+pub fn prediction(
+    gpu: &Path,
+    dev: usize,
+    nic: Option<&Path>,
+    offered: bool,
+    env: impl Fn(&str) -> Option<String>,
+) -> String {
+    let gpu_name = gpu
+        .file_name()
+        .map_or("?".into(), |n| n.to_string_lossy().into_owned());
+    let path = path_type(gpu, nic);
+    let (level, level_text) = match env("NCCL_NET_GDR_LEVEL") {
+        Some(v) => match PathType::parse(&v) {
+            Some(l) => (l, format!("NCCL_NET_GDR_LEVEL={v}")),
+            None => (
+                PathType::Pxb,
+                format!("NCCL_NET_GDR_LEVEL={v} (not understood; PXB assumed)"),
+            ),
+        },
+        None => (
+            PathType::Pxb,
+            "NCCL_NET_GDR_LEVEL PXB (default)".to_string(),
+        ),
+    };
+    let head = format!(
+        "GPU {gpu_name} - dev {dev}: path {}, {level_text}",
+        path.name()
+    );
+    if !offered {
+        return format!("{head}: host buffers (the plugin offers no GPU buffers on this device)");
+    }
+    if path <= level {
+        format!(
+            "{head}: NCCL passes GPU buffers if the GPU and its driver support GPUDirect RDMA \
+             (sends also need NCCL_NET_GDR_READ, on by default from NCCL 2.12 on most GPUs)"
+        )
+    } else {
+        format!(
+            "{head}: NCCL uses host buffers; NCCL_NET_GDR_LEVEL={} would let it pass GPU buffers",
+            path.name()
+        )
+    }
+}
 
 /// Per device: whether a send and a receive registration were reported yet.
 pub struct BufferReport {
@@ -87,6 +207,66 @@ impl BufferReport {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::path::PathBuf;
+
+    /// A made-up sysfs: two PCI roots, a switch with two ports under root 0.
+    fn machine() -> PathBuf {
+        let root = std::env::temp_dir().join(format!("nfab-gdr-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&root);
+        let d = root.join("devices");
+        for p in [
+            "pci0000:00/0000:00:01.0/0000:01:00.0/0000:02:00.0/0000:03:00.0", // GPU behind port 02:00.0
+            "pci0000:00/0000:00:01.0/0000:01:00.0/0000:02:00.0/0000:03:00.1", // NIC on the same port
+            "pci0000:00/0000:00:01.0/0000:01:00.0/0000:02:01.0/0000:04:00.0", // NIC on another port
+            "pci0000:00/0000:00:03.0/virtio2",                                // virtio NIC
+            "pci0000:00/0000:00:05.0",                                        // NIC on the root
+            "pci0000:80/0000:80:01.0/0000:81:00.0",                           // NIC on root 1
+        ] {
+            std::fs::create_dir_all(d.join(p)).unwrap();
+        }
+        root
+    }
+
+    #[test]
+    fn path_types_follow_the_pci_tree() {
+        let root = machine();
+        let d = root.join("devices");
+        let gpu = d.join("pci0000:00/0000:00:01.0/0000:01:00.0/0000:02:00.0/0000:03:00.0");
+        let at = |p: &str| d.join(p);
+        let same_port = at("pci0000:00/0000:00:01.0/0000:01:00.0/0000:02:00.0/0000:03:00.1");
+        let other_port = at("pci0000:00/0000:00:01.0/0000:01:00.0/0000:02:01.0/0000:04:00.0");
+        assert_eq!(path_type(&gpu, Some(&same_port)), PathType::Pix);
+        assert_eq!(path_type(&gpu, Some(&other_port)), PathType::Pxb);
+        assert_eq!(
+            path_type(&gpu, Some(&at("pci0000:00/0000:00:05.0"))),
+            PathType::Phb
+        );
+        assert_eq!(
+            path_type(&gpu, Some(&at("pci0000:80/0000:80:01.0/0000:81:00.0"))),
+            PathType::Sys,
+            "another root complex, NUMA unknown"
+        );
+        assert_eq!(
+            path_type(&gpu, Some(&at("pci0000:00/0000:00:03.0/virtio2"))),
+            PathType::Sys
+        );
+        assert_eq!(path_type(&gpu, None), PathType::Sys);
+        let v = prediction(&gpu, 0, None, true, none);
+        assert!(
+            v.contains("path SYS") && v.contains("NCCL uses host buffers"),
+            "{v}"
+        );
+        assert!(v.contains("NCCL_NET_GDR_LEVEL=SYS would"), "{v}");
+        let sys = |k: &str| (k == "NCCL_NET_GDR_LEVEL").then(|| "SYS".to_string());
+        assert!(prediction(&gpu, 0, None, true, sys).contains("NCCL passes GPU buffers"));
+        assert!(
+            prediction(&gpu, 0, Some(&other_port), true, none).contains("NCCL passes GPU buffers")
+        );
+        assert!(
+            prediction(&gpu, 0, Some(&other_port), false, none).contains("offers no GPU buffers")
+        );
+        let _ = std::fs::remove_dir_all(&root);
+    }
 
     fn none(_: &str) -> Option<String> {
         None

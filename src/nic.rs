@@ -140,6 +140,47 @@ impl Sysfs {
         u64::try_from(s).ok().filter(|&s| s > 0)
     }
 
+    /// NVIDIA GPUs (vendor 0x10de, a display class) on the PCI bus: their real sysfs paths,
+    /// sorted.
+    pub fn gpus(&self) -> Vec<PathBuf> {
+        let dir = self.root.join("bus/pci/devices");
+        let Ok(entries) = std::fs::read_dir(&dir) else {
+            return Vec::new();
+        };
+        let mut out: Vec<PathBuf> = entries
+            .flatten()
+            .filter(|e| {
+                let read = |f: &str| std::fs::read_to_string(e.path().join(f)).unwrap_or_default();
+                read("vendor").trim() == "0x10de" && read("class").trim().starts_with("0x03")
+            })
+            .filter_map(|e| std::fs::canonicalize(e.path()).ok())
+            .collect();
+        out.sort();
+        out
+    }
+
+    /// The NUMA node sysfs gives a device path (`None`: unknown or -1).
+    pub fn numa_node(path: &Path) -> Option<u32> {
+        std::fs::read_to_string(path.join("numa_node"))
+            .ok()?
+            .trim()
+            .parse()
+            .ok()
+    }
+
+    /// The PCI functions of a device path from its root complex down (`pci0000:00` first,
+    /// then each function's address), up to its nearest PCI function; `None` where the path
+    /// is on no PCI bus.
+    pub fn pci_chain(path: &Path) -> Option<Vec<String>> {
+        let function = Self::pci_ancestor(path)?;
+        let names: Vec<String> = function
+            .components()
+            .filter_map(|c| c.as_os_str().to_str().map(str::to_string))
+            .collect();
+        let root = names.iter().rposition(|n| n.starts_with("pci"))?;
+        Some(names[root..].to_vec())
+    }
+
     /// The interface's hardware address, if it has a non-zero one.
     pub fn mac(&self, domain: &str) -> Option<u64> {
         let text = self.read(format!("class/net/{domain}/address"))?;

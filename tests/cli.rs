@@ -185,6 +185,35 @@ fn the_plugin_warns_about_a_misspelled_setting() {
     );
 }
 
+/// NCCL's GPU-buffer decision: predicted per GPU and device, or, on a machine without an
+/// NVIDIA GPU (CI), said to be nothing to predict; GDRCopy's presence either way.
+#[test]
+fn doctor_predicts_nccls_gpu_buffer_decision() {
+    let o = tool(&["doctor"], &[]);
+    let out = text(&o.stdout);
+    let gpus = std::fs::read_dir("/sys/bus/pci/devices")
+        .map(|d| {
+            d.flatten()
+                .filter(|e| {
+                    std::fs::read_to_string(e.path().join("vendor"))
+                        .is_ok_and(|v| v.trim() == "0x10de")
+                })
+                .count()
+        })
+        .unwrap_or(0);
+    if gpus == 0 {
+        assert!(out.contains("GPU buffers: no NVIDIA GPU"), "{o:?}");
+    } else {
+        assert!(out.contains(" - dev 0: path "), "{o:?}");
+    }
+    assert!(out.contains("GDRCopy: /dev/gdrdrv "), "{o:?}");
+    let j = tool(&["doctor", "--json"], &[]);
+    assert!(
+        text(&j.stdout).contains("\"gpu_buffers_predicted\":[\""),
+        "{j:?}"
+    );
+}
+
 #[test]
 fn doctor_selftest_moves_data_through_the_table() {
     let o = tool(&["doctor", "--selftest"], &[]);

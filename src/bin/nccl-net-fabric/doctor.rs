@@ -61,6 +61,7 @@ pub fn run(json: bool) -> ExitCode {
     let failure = decision.failure.as_ref().map(|f| match f {
         Failure::NoProvider(t) | Failure::HmemRequired(t) => t.clone(),
     });
+    let gdr = gpu_buffer_predictions(&described, decision.gpu);
 
     if json {
         let mut out = String::new();
@@ -123,6 +124,10 @@ pub fn run(json: bool) -> ExitCode {
                 json_str(&d.guid_source),
                 discovery.candidates[*ci].loopback,
             );
+        }
+        out.push_str("],\"gpu_buffers_predicted\":[");
+        for (i, line) in gdr.iter().enumerate() {
+            let _ = write!(out, "{}{}", if i > 0 { "," } else { "" }, json_str(line));
         }
         out.push_str("]}");
         println!("{out}");
@@ -202,6 +207,9 @@ pub fn run(json: bool) -> ExitCode {
                     );
                 }
                 println!("{}", decision.hmem_reason);
+                for line in &gdr {
+                    println!("{line}");
+                }
             }
             Some(t) => println!("nothing usable: {t}"),
         }
@@ -211,4 +219,40 @@ pub fn run(json: bool) -> ExitCode {
     } else {
         ExitCode::SUCCESS
     }
+}
+
+/// NCCL's GPU-buffer decision predicted per GPU and device from sysfs (the path type against
+/// `NCCL_NET_GDR_LEVEL`), and whether GDRCopy is there (efa and cxi take the CUDA option only
+/// with it).
+fn gpu_buffer_predictions(described: &[(usize, Description)], offered: bool) -> Vec<String> {
+    let sysfs = nccl_net_fabric::nic::Sysfs::default();
+    let gpus = sysfs.gpus();
+    let env = |k: &str| std::env::var(k).ok();
+    let mut out = Vec::new();
+    if gpus.is_empty() {
+        out.push(
+            "GPU buffers: no NVIDIA GPU on this machine's PCI bus, so nothing to predict".into(),
+        );
+    }
+    for gpu in &gpus {
+        for (dev, (_, d)) in described.iter().enumerate() {
+            out.push(nccl_net_fabric::gdr::prediction(
+                gpu,
+                dev,
+                d.pci_path.as_deref(),
+                offered,
+                env,
+            ));
+        }
+    }
+    let gdrdrv = std::path::Path::new("/dev/gdrdrv").exists();
+    out.push(format!(
+        "GDRCopy: /dev/gdrdrv {}",
+        if gdrdrv {
+            "present"
+        } else {
+            "absent (efa and cxi accept FI_OPT_CUDA_API_PERMITTED=false only with GDRCopy)"
+        }
+    ));
+    out
 }
