@@ -48,17 +48,23 @@ fn domain_of(provider: &str) -> &'static str {
 // ---------------------------------------------------------------------------------------
 // 1. A stranger at both endpoints.
 
-#[test]
-#[ignore = "child process of another test"]
-fn child_victim() {
-    let lib = init();
-    let deadline = until(120.0);
+/// Listens, prints the handle, and accepts the one real peer (whatever strangers send).
+fn accept_the_real_peer(lib: &nccl_net_host::PluginLib, deadline: Instant) -> nccl_net_host::Ptr {
     let (h, l) = lib.listen(0).expect("listen");
     println!("RESULT handle={}", handle_to_hex(&h));
     let recv = lib
         .accept_until(l, deadline)
         .expect("the real peer connects despite the stranger's CONNECTs");
     lib.close_listen(l).expect("closeListen");
+    recv
+}
+
+#[test]
+#[ignore = "child process of another test"]
+fn child_victim() {
+    let lib = init();
+    let deadline = until(120.0);
+    let recv = accept_the_real_peer(&lib, deadline);
     println!("RESULT rss_before_kib={}", rss_kib());
     // "rss" asks for the RSS now; "go" starts the transfer.
     while read_stdin_line(scaled(120.0)).trim() == "rss" {
@@ -75,12 +81,7 @@ fn child_victim() {
 fn child_counting_victim() {
     let lib = init();
     let deadline = until(120.0);
-    let (h, l) = lib.listen(0).expect("listen");
-    println!("RESULT handle={}", handle_to_hex(&h));
-    let recv = lib
-        .accept_until(l, deadline)
-        .expect("the real peer connects");
-    lib.close_listen(l).expect("closeListen");
+    let recv = accept_the_real_peer(&lib, deadline);
     println!("RESULT accepted=1");
     let _ = read_stdin_line(scaled(120.0));
     // Receives until the real sender's messages are all in, counting those that are not.
