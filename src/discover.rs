@@ -151,6 +151,9 @@ pub fn discover(settings: &Settings) -> Result<Discovery> {
 
 /// Opens fabric, domain and an endpoint for one entry; returns the setopt answer.
 fn probe(info: crate::fabric::Info<'_>) -> Result<i32> {
+    if let Some(why) = crate::tags::too_few_bits(info.mem_tag_format()) {
+        return Err(crate::error::Error::NoProvider(why));
+    }
     let fabric = Fabric::open(info)?;
     let domain = Domain::open(&fabric, info)?;
     let (ep, _queue) = Endpoint::open(&domain, None)?;

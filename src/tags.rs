@@ -26,15 +26,32 @@ pub struct Tags {
     id_mask: u64,
 }
 
+/// Tag bits a provider must offer: the sequence and the fewest comm id bits.
+pub const MIN_TAG_BITS: u32 = SEQ_BITS + MIN_ID_BITS;
+
+/// The tag bits `mem_tag_format` offers (64 when it says nothing).
+pub fn offered_bits(mem_tag_format: u64) -> u32 {
+    match mem_tag_format {
+        0 => 64,
+        f => 64 - f.leading_zeros(),
+    }
+}
+
+/// Why a provider's tags cannot carry the layout, if they cannot.
+pub fn too_few_bits(mem_tag_format: u64) -> Option<String> {
+    let bits = offered_bits(mem_tag_format);
+    (bits < MIN_TAG_BITS).then(|| {
+        format!(
+            "its tags have {bits} bits (mem_tag_format {mem_tag_format:#x}); the plugin needs at \
+             least {MIN_TAG_BITS} ({SEQ_BITS} for the sequence, {MIN_ID_BITS} for the comm id)"
+        )
+    })
+}
+
 impl Tags {
-    /// Layout for a provider's `mem_tag_format`.
+    /// Layout for a provider's `mem_tag_format` (one [`too_few_bits`] accepts).
     pub fn new(mem_tag_format: u64) -> Self {
-        let bits = if mem_tag_format == 0 {
-            64
-        } else {
-            64 - mem_tag_format.leading_zeros()
-        };
-        let bits = bits.max(SEQ_BITS + MIN_ID_BITS);
+        let bits = offered_bits(mem_tag_format).max(MIN_TAG_BITS);
         let tag_bits = NCCL_TAG_BITS.min(bits - SEQ_BITS - MIN_ID_BITS);
         let id_bits = bits - SEQ_BITS - tag_bits;
         Tags {
@@ -69,6 +86,19 @@ impl Tags {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn too_few_tag_bits_are_refused_with_the_reason() {
+        assert_eq!(offered_bits(0), 64);
+        assert_eq!(offered_bits(0x000f_ffff), 20);
+        assert!(too_few_bits(0x000f_ffff).is_none());
+        let why = too_few_bits(0x0000_ffff).expect("16 bits are too few");
+        assert!(
+            why.contains("16 bits") && why.contains("at least 20"),
+            "{why}"
+        );
+        assert!(too_few_bits(0).is_none());
+    }
 
     #[test]
     fn full_width_layout() {
