@@ -91,7 +91,8 @@ pub const TABLE: &[Setting] = &[
                   endpoints each device has; comms are spread over them in turn, so traffic \
                   moves over that many connections and progress threads at once. 0 = by the \
                   CPUs of this rank (those it may use, divided among the machine's ranks when \
-                  they share them): 4 with 8 or more, 2 with 4 to 7, else 1",
+                  they share them) and the devices in use: (CPUs - 2) / (3 x devices), from 1 \
+                  to 4 (8 CPUs: 2, 16: 4)",
     },
     Setting {
         name: CONNECT_TIMEOUT_MS,
@@ -161,8 +162,8 @@ pub const TABLE: &[Setting] = &[
                   NCCL's calls hand it and reads completions continuously (it spins while \
                   traffic flows, so work a provider does while posting runs there, not in \
                   NCCL's one proxy thread per GPU); `no`: NCCL's own calls drive each endpoint, \
-                  one at a time; `auto`: `yes` when this rank has 4 or more CPUs (see \
-                  NCCL_FABRIC_LANES)",
+                  one at a time; `auto`: `yes` when the lanes' threads (2 per lane and \
+                  device) fit in this rank's CPUs beside NCCL's own 2 (see NCCL_FABRIC_LANES)",
     },
     Setting {
         name: LOG,
