@@ -63,8 +63,8 @@ pub fn path_type(gpu: &Path, nic: Option<&Path>) -> PathType {
         return PathType::Sys;
     };
     if g[0] != n[0] {
-        let same_cpu = Sysfs::numa_node(gpu).is_some()
-            && Sysfs::numa_node(gpu) == nic_function.and_then(Sysfs::numa_node);
+        let gpu_node = Sysfs::numa_node(gpu);
+        let same_cpu = gpu_node.is_some() && gpu_node == nic_function.and_then(Sysfs::numa_node);
         return if same_cpu {
             PathType::Phb
         } else {

@@ -294,9 +294,11 @@ impl Settings {
             value(&lookup, name)
                 .map(|_| list(&lookup(name).unwrap_or_else(|| setting(name).default.into())))
         };
-        // Lanes and threads for this rank's CPUs, read once (/proc/cpuinfo, affinity).
+        // Lanes and threads for this rank's CPUs, read once (/proc/cpuinfo, affinity); `auto`
+        // is resolved by `size_for_devices`, for one device until init knows how many.
         let cpus = Cpus::detect();
-        let (auto_lanes, auto_threads) = sizing_for(cpus.per_rank(), 1);
+        let lanes = number(LANES)?;
+        let threads = value(&lookup, PROGRESS_THREAD)?;
         Ok(Settings {
             hmem: match value(&lookup, HMEM)?.as_str() {
                 "require" => HmemMode::Require,
@@ -320,19 +322,16 @@ impl Settings {
             stall_warn_ms: number(STALL_WARN_MS)?,
             speed_mbps: number(SPEED_MBPS)?,
             allow_native_tcp: value(&lookup, ALLOW_TCP_RDM)? == "yes",
-            progress_thread: match value(&lookup, PROGRESS_THREAD)?.as_str() {
-                "yes" => true,
-                "no" => false,
-                _ => auto_threads,
-            },
-            lanes: match number(LANES)? {
-                0 => auto_lanes,
-                n => n as usize,
-            },
-            lanes_auto: number(LANES)? == 0,
-            threads_auto: value(&lookup, PROGRESS_THREAD)? == "auto",
+            progress_thread: threads == "yes",
+            lanes: lanes.max(1) as usize,
+            lanes_auto: lanes == 0,
+            threads_auto: threads == "auto",
             devices: 1,
             cpus,
+        })
+        .map(|mut s| {
+            s.size_for_devices(1);
+            s
         })
         .and_then(|s| {
             // Checked here too so a bad NCCL_FABRIC_LOG fails init like any other setting.

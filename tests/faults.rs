@@ -197,11 +197,35 @@ fn child_survivor() {
     let (send, recv, listen) = meet_peer(&lib, until(60.0), true);
     lib.close_listen(listen).expect("closeListen");
     let receiving = std::env::var("NFAB_DOOMED_SENDS").is_ok();
+    let comm = if receiving { recv } else { send };
+    let (err, since_ok) = transfer_until_error(&lib, comm, receiving, until(120.0));
+    assert_ne!(
+        err.code, -1,
+        "the dead peer was never reported (deadline passed)"
+    );
+    println!(
+        "RESULT error={} detected_ms={}",
+        err.code,
+        since_ok.as_millis()
+    );
+    let closing = Instant::now();
+    lib.close_send(send).expect("closeSend");
+    lib.close_recv(recv).expect("closeRecv");
+    println!("RESULT close_ms={}", closing.elapsed().as_millis());
+    println!("RESULT ok=1");
+}
+
+/// Receives (or sends) 1 MiB messages on `comm`, each waited for, until one fails; returns
+/// the error and how long after the last transfer that completed it came.
+fn transfer_until_error(
+    lib: &PluginLib,
+    comm: Ptr,
+    receiving: bool,
+    give_up: Instant,
+) -> (CallError, Duration) {
     let mut buf = vec![0u8; 1 << 20];
     let mut last_ok = Instant::now();
-    let give_up = until(120.0);
-    let err = loop {
-        let comm = if receiving { recv } else { send };
+    loop {
         // SAFETY: buf outlives the request, waited for right away.
         let posted = unsafe {
             if receiving {
@@ -212,23 +236,9 @@ fn child_survivor() {
         };
         match posted.and_then(|r| lib.wait(r, give_up)) {
             Ok(_) => last_ok = Instant::now(),
-            Err(e) => break e,
+            Err(e) => return (e, last_ok.elapsed()),
         }
-    };
-    assert_ne!(
-        err.code, -1,
-        "the dead peer was never reported (deadline passed)"
-    );
-    println!(
-        "RESULT error={} detected_ms={}",
-        err.code,
-        last_ok.elapsed().as_millis()
-    );
-    let closing = Instant::now();
-    lib.close_send(send).expect("closeSend");
-    lib.close_recv(recv).expect("closeRecv");
-    println!("RESULT close_ms={}", closing.elapsed().as_millis());
-    println!("RESULT ok=1");
+    }
 }
 
 /// Builds `tests/fault/cq_fails.c` (a preload that breaks every completion queue of a process
@@ -264,24 +274,16 @@ fn child_broken_queue() {
     let (send, recv, listen) = meet_peer(&lib, deadline, true);
     lib.close_listen(listen).expect("closeListen");
     println!("RESULT streaming=1");
-    let mut buf = vec![0u8; 1 << 20];
-    let mut last_ok = Instant::now();
-    let err = loop {
-        // SAFETY: buf outlives the request, waited for right away.
-        let r = unsafe { lib.irecv_until(recv, buf.as_mut_ptr().cast(), 1 << 20, NULL, deadline) };
-        match r.and_then(|r| lib.wait(r, deadline)) {
-            Ok(_) => last_ok = Instant::now(),
-            Err(e) => break e,
-        }
-    };
+    let (err, since_ok) = transfer_until_error(&lib, recv, true, deadline);
     println!(
         "RESULT recv_error={} after_ms={}",
         err.code,
-        last_ok.elapsed().as_millis()
+        since_ok.as_millis()
     );
     // The other comm of the process: its send fails too, at the post or at its test.
+    let mut buf = vec![0u8; 4096];
     let started = Instant::now();
-    // SAFETY: as above.
+    // SAFETY: buf outlives the request, waited for right away.
     let r = unsafe { lib.isend_until(send, buf.as_mut_ptr().cast(), 4096, NULL, deadline) };
     let code = match r.and_then(|r| lib.wait(r, deadline)) {
         Ok(_) => 0,
