@@ -307,6 +307,9 @@ pub struct Control {
     pub provider: String,
     /// What peer addresses must look like on this provider.
     pub shape: Shape,
+    /// What the data endpoints' addresses in CONNECT and ACK must look like (`shape` where
+    /// the control endpoint lives on the data domain).
+    pub data_shape: Shape,
     pub me: Identity,
     liveness: Liveness,
     listeners: Mutex<HashMap<u64, Arc<ListenSlot>>>,
@@ -315,12 +318,14 @@ pub struct Control {
 }
 
 impl Control {
-    /// Opens the control endpoint on `domain` and hands it to the control thread.
+    /// Opens the control endpoint on `domain` and hands it to the control thread; the data
+    /// endpoints it introduces have addresses of `data_shape` (`None`: of this domain).
     pub fn open(
         domain: &Arc<Domain>,
         expected_answer: Option<i32>,
         liveness: Liveness,
         label: &str,
+        data_shape: Option<Shape>,
     ) -> Result<Arc<Control>> {
         let (endpoint, queue) = Endpoint::open(domain, expected_answer)?;
         let inbox = Arc::new(Inbox::default());
@@ -335,6 +340,7 @@ impl Control {
             address: endpoint.name.clone(),
             provider: endpoint.provider.clone(),
             shape: endpoint.shape.clone(),
+            data_shape: data_shape.unwrap_or_else(|| endpoint.shape.clone()),
             me: Identity::current(),
             liveness,
             listeners: Mutex::new(HashMap::new()),
@@ -610,7 +616,9 @@ fn close_adopted(mut d: Driver) {
 /// A buffer for one control message with the operation that carries it.
 struct Msg {
     op: Op,
-    buf: UnsafeCell<[u8; MSG_SIZE]>,
+    /// Bytes sent (the record's length); a receive takes up to [`MSG_SIZE`].
+    len: usize,
+    buf: UnsafeCell<Box<[u8; MSG_SIZE]>>,
 }
 
 // SAFETY: the buffer is written only while the op is idle, by the control thread, and read
@@ -620,18 +628,26 @@ unsafe impl Send for Msg {}
 unsafe impl Sync for Msg {}
 
 impl Msg {
-    fn new() -> Arc<Msg> {
+    fn new(len: usize) -> Arc<Msg> {
         Arc::new(Msg {
             op: Op::default(),
-            buf: UnsafeCell::new([0; MSG_SIZE]),
+            len: len.min(MSG_SIZE),
+            buf: UnsafeCell::new(Box::new([0; MSG_SIZE])),
         })
+    }
+
+    /// The buffer the provider reads or fills.
+    fn bytes(&self) -> *mut u8 {
+        // SAFETY: the box is never replaced; only its contents change hands (see the Send
+        // impl above).
+        unsafe { (*self.buf.get()).as_mut_ptr() }
     }
 
     /// Hands the message to its endpoint's driver: a send to `dest`, or a receive.
     fn hand_to(self: &Arc<Self>, inbox: &Inbox, dest: Option<sys::fi_addr_t>) {
         let (buf, len, desc, tag) = (
-            self.buf.get().cast(),
-            MSG_SIZE,
+            self.bytes().cast(),
+            self.len,
             std::ptr::null_mut(),
             CONTROL_TAG,
         );
@@ -698,7 +714,7 @@ impl Station {
             control,
             driver,
             inbox,
-            recvs: (0..RECEIVES).map(|_| Msg::new()).collect(),
+            recvs: (0..RECEIVES).map(|_| Msg::new(MSG_SIZE)).collect(),
             sends: Vec::new(),
             addrs: HashMap::new(),
             probes: HashMap::new(),
@@ -800,7 +816,7 @@ impl Station {
 
     /// A message arrived.
     fn handle(&mut self, bytes: &[u8]) {
-        let m = match Message::parse(bytes, &self.control.shape) {
+        let m = match Message::parse(bytes, &self.control.shape, &self.control.data_shape) {
             Ok(m) => m,
             Err(e) => return self.note_bad(&e.to_string()),
         };
@@ -915,9 +931,9 @@ impl Station {
                 return purpose.failed(e.to_string());
             }
         };
-        let msg = Msg::new();
+        let msg = Msg::new(record.encoded_len());
         // SAFETY: the message is new; nobody else sees its buffer yet.
-        if let Err(e) = record.write(unsafe { &mut *msg.buf.get() }) {
+        if let Err(e) = record.write(unsafe { &mut (**msg.buf.get())[..msg.len] }) {
             return purpose.failed(e.to_string());
         }
         if let Purpose::Ping(p) = &purpose {

@@ -81,12 +81,16 @@ pub struct Device {
     /// What NCCL's registrations on this device said about GPU buffers.
     pub buffers: crate::gdr::BufferReport,
     liveness: Liveness,
+    /// Where the control endpoint lives when not on `domain` (see `control_domain`): its
+    /// domain and the domain's name.
+    control_home: Option<(Arc<Domain>, String)>,
     control: Mutex<Option<Arc<Control>>>,
     /// Connects in progress, by the handle's (token, nonce).
     pub connects: Mutex<HashMap<(u64, u64), Arc<ConnectEntry>>>,
 }
 
 impl Device {
+    #[allow(clippy::too_many_arguments)]
     pub fn new(
         index: usize,
         domain: Arc<Domain>,
@@ -95,6 +99,7 @@ impl Device {
         lanes: Arc<LanePool>,
         expected_answer: Option<i32>,
         liveness: Liveness,
+        control_home: Option<(Arc<Domain>, String)>,
     ) -> Self {
         let buffers = crate::gdr::BufferReport::new(
             index,
@@ -113,6 +118,7 @@ impl Device {
             lanes,
             expected_answer,
             liveness,
+            control_home,
             control: Mutex::new(None),
             connects: Mutex::new(HashMap::new()),
         }
@@ -124,12 +130,24 @@ impl Device {
         if let Some(c) = &*c {
             return Ok(c.clone());
         }
-        let opened = Control::open(
-            &self.domain,
-            self.expected_answer,
-            self.liveness,
-            &self.candidate.domain,
-        )?;
+        let opened = match &self.control_home {
+            // Another provider: it carries no GPU buffers, and the data endpoints it
+            // introduces have the data provider's addresses.
+            Some((domain, name)) => Control::open(
+                domain,
+                None,
+                self.liveness,
+                &format!("{name} for dev {}", self.index),
+                self.candidate.names.as_ref().map(|n| n.shape.clone()),
+            )?,
+            None => Control::open(
+                &self.domain,
+                self.expected_answer,
+                self.liveness,
+                &self.candidate.domain,
+                None,
+            )?,
+        };
         *c = Some(opened.clone());
         Ok(opened)
     }

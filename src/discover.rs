@@ -5,11 +5,12 @@
 //! and takes providers without it only where none with it exists. Every admissible entry gets a probe
 //! endpoint whose `FI_OPT_CUDA_API_PERMITTED=false` answer is recorded.
 
+use crate::control_domain;
 use crate::endpoint::Endpoint;
 use crate::error::Result;
 use crate::fabric::{runtime_version, Domain, Fabric, Hints, InfoList};
 use crate::nic::Sysfs;
-use crate::provider::{admissible, Candidate, Pass};
+use crate::provider::{admissible, Candidate, Names, Pass};
 use crate::settings::Settings;
 use crate::sys;
 
@@ -68,6 +69,13 @@ impl Discovery {
 /// (pass, provider, domain): entries with the same key get the same probe answer.
 type ProbeKey = (Pass, String, String);
 
+/// What one probe endpoint answered.
+#[derive(Clone)]
+struct Probed {
+    setopt: i32,
+    names: Names,
+}
+
 /// Runs both passes. Each asks first for `FI_DIRECTED_RECV` (receives bound to their peer)
 /// and then without it; an entry of the second answer is kept only if the first had none for
 /// the same provider, fabric and domain.
@@ -76,7 +84,7 @@ pub fn discover(settings: &Settings) -> Result<Discovery> {
     let mut candidates = Vec::new();
     let mut lists = Vec::new();
     let mut at = Vec::new();
-    let mut probed: Vec<(ProbeKey, Result<i32, String>)> = Vec::new();
+    let mut probed: Vec<(ProbeKey, Result<Probed, String>)> = Vec::new();
     let sysfs = Sysfs::default();
     for pass in [Pass::Hmem, Pass::Host] {
         let first = candidates.len();
@@ -96,6 +104,7 @@ pub fn discover(settings: &Settings) -> Result<Discovery> {
                     loopback: sysfs.is_loopback(&info.domain())
                         || src.is_some_and(|a| a.ip().is_loopback()),
                     setopt: None,
+                    names: None,
                 };
                 let seen = candidates[first..].iter().any(|o: &Candidate| {
                     o.caps & sys::FI_DIRECTED_RECV != 0
@@ -113,12 +122,13 @@ pub fn discover(settings: &Settings) -> Result<Discovery> {
                     let answer = match probed.iter().find(|(k, _)| *k == key) {
                         Some((_, a)) => a.clone(),
                         None => {
-                            let a = probe(info).map_err(|e| e.to_string());
+                            let a = probe(info, settings).map_err(|e| e.to_string());
                             probed.push((key, a.clone()));
                             a
                         }
                     };
-                    c.setopt = Some(answer);
+                    c.setopt = Some(answer.clone().map(|p| p.setopt));
+                    c.names = answer.ok().map(|p| p.names);
                 }
                 tracing::trace!(
                     "candidate {} / {} / {} ({:?} pass): caps {:#x}, mr_mode {:#x}, \
@@ -149,23 +159,26 @@ pub fn discover(settings: &Settings) -> Result<Discovery> {
     })
 }
 
-/// Opens fabric, domain and an endpoint for one entry; returns the setopt answer.
-fn probe(info: crate::fabric::Info<'_>) -> Result<i32> {
+/// Opens fabric, domain and an endpoint for one entry; returns the setopt answer and what
+/// its name says. A provider whose names do not fit NCCL's handle needs another provider to
+/// carry the handshake (see `control_domain`): without one it is refused here.
+fn probe(info: crate::fabric::Info<'_>, settings: &Settings) -> Result<Probed> {
     if let Some(why) = crate::tags::too_few_bits(info.mem_tag_format()) {
         return Err(crate::error::Error::NoProvider(why));
     }
     let fabric = Fabric::open(info)?;
     let domain = Domain::open(&fabric, info)?;
     let (ep, _queue) = Endpoint::open(&domain, None)?;
-    let max = crate::handshake::HANDLE_ADDR_MAX;
-    if ep.name.len() > max {
-        return Err(crate::error::Error::NoProvider(format!(
-            "its endpoint names are {} bytes, and NCCL's {}-byte connection handle carries \
-             at most {max}: the plugin cannot hand such a name to the peer (a control path \
-             for long names is not built yet)",
-            ep.name.len(),
-            crate::nccl::NET_HANDLE_MAXSIZE
-        )));
-    }
-    Ok(ep.cuda_api_answer)
+    let control_elsewhere = match control_domain::needed(ep.name.len(), settings) {
+        Some(reason) => Some(control_domain::find(&info.domain(), &reason, settings)?.why),
+        None => None,
+    };
+    Ok(Probed {
+        setopt: ep.cuda_api_answer,
+        names: Names {
+            len: ep.name.len(),
+            shape: ep.shape.clone(),
+            control_elsewhere,
+        },
+    })
 }

@@ -248,7 +248,9 @@ impl Endpoint {
                     && !crate::quirks::source_unreported(&info.provider()),
                 name: buf,
                 provider: info.provider(),
-                overflow: info.rx_iov_limit() >= 2 && info.mr_mode() & sys::FI_MR_LOCAL as i32 == 0,
+                overflow: info.rx_iov_limit() >= 2
+                    && info.mr_mode() & sys::FI_MR_LOCAL as i32 == 0
+                    && !crate::quirks::keeps_iov(&info.provider()),
                 max_msg_size: info.max_msg_size(),
                 domain: domain.clone(),
                 close_after: Mutex::new(Vec::new()),

@@ -15,13 +15,15 @@ use crate::error::{Error, Result};
 use crate::nccl::NET_HANDLE_MAXSIZE;
 
 pub const MAGIC: u32 = 0x4e46_4142; // "NFAB"
-pub const VERSION: u8 = 2;
+pub const VERSION: u8 = 3;
 
 const HEADER: usize = 40;
-/// Size of a control message buffer.
-pub const MSG_SIZE: usize = 320;
-/// Longest address a record field may carry.
-pub const MAX_ADDR: usize = 128;
+/// Longest address a record field may carry: the longest endpoint name of any provider
+/// (ucx: 1024 bytes).
+pub const MAX_ADDR: usize = 1024;
+/// Size of a control message buffer: the header and three fields of the longest address.
+/// A message goes out only as long as its record ([`Record::encoded_len`]).
+pub const MSG_SIZE: usize = HEADER + 3 * (2 + MAX_ADDR);
 /// Longest endpoint name NCCL's connection handle can carry (one field after the header).
 pub const HANDLE_ADDR_MAX: usize = NET_HANDLE_MAXSIZE - HEADER - 2;
 
@@ -138,9 +140,14 @@ pub fn seal(buf: &mut [u8]) {
 }
 
 impl Record {
-    /// Writes the record into `out` (zero-filled first).
+    /// Bytes the record takes written out.
+    pub fn encoded_len(&self) -> usize {
+        HEADER + self.fields.iter().map(|f| 2 + f.len()).sum::<usize>()
+    }
+
+    /// Writes the record into `out` (zero-filled first); the checksum covers all of `out`.
     pub fn write(&self, out: &mut [u8]) -> Result<()> {
-        let body: usize = self.fields.iter().map(|f| 2 + f.len()).sum();
+        let body = self.encoded_len() - HEADER;
         if HEADER + body > out.len()
             || self.fields.len() > 3
             || self.fields.iter().any(|f| f.len() > MAX_ADDR)
@@ -319,10 +326,12 @@ pub enum Message {
 
 impl Message {
     /// Reads and checks a control message; any flaw is an `InvalidArgument` saying which.
-    pub fn parse(bytes: &[u8], shape: &Shape) -> Result<Message> {
+    /// Control endpoints' addresses must have the shape `control`, data endpoints' the
+    /// shape `data` (the same where both live on one provider).
+    pub fn parse(bytes: &[u8], control: &Shape, data: &Shape) -> Result<Message> {
         let r = Record::read(bytes, "control message")?;
         let what = format!("{:?}", r.kind);
-        let address = |i: usize| -> Result<Vec<u8>> {
+        let address = |i: usize, shape: &Shape| -> Result<Vec<u8>> {
             let a = r.field(i, &what)?;
             shape
                 .check(a)
@@ -334,14 +343,14 @@ impl Message {
                 token: r.a,
                 conn: r.b,
                 who: r.who,
-                reply_to: address(0)?,
-                data: address(1)?,
+                reply_to: address(0, control)?,
+                data: address(1, data)?,
             },
             Kind::Ack => Message::Ack {
                 conn: r.a,
                 id: r.b,
                 who: r.who,
-                data: address(0)?,
+                data: address(0, data)?,
             },
             Kind::Nack => Message::Nack {
                 conn: r.a,
@@ -359,7 +368,7 @@ impl Message {
             },
             Kind::Ping => Message::Ping {
                 token: r.a,
-                reply_to: address(0)?,
+                reply_to: address(0, control)?,
             },
             Kind::Pong => Message::Pong { token: r.a },
             Kind::Handle => {
@@ -462,5 +471,43 @@ mod tests {
         lying[HEADER] = 0xff; // first field claims 255+ bytes; checksum catches it first
         assert!(Record::read(&lying, "message").is_err());
         assert!(r.field(2, "CONNECT").is_err());
+    }
+
+    #[test]
+    fn a_connect_carries_a_long_data_name_beside_a_short_control_address() {
+        use crate::address::Shape;
+        let control = Shape::of(crate::sys::FI_FORMAT_UNSPEC, &[1; 16]);
+        let data = Shape::of(crate::sys::FI_FORMAT_UNSPEC, &[2; MAX_ADDR]);
+        let r = Record {
+            kind: Kind::Connect,
+            a: 1,
+            b: 2,
+            who: Identity { host: 1, pid: 2 },
+            fields: vec![vec![1; 16], vec![2; MAX_ADDR]],
+        };
+        let mut buf = vec![0u8; r.encoded_len()];
+        assert!(buf.len() <= MSG_SIZE);
+        r.write(&mut buf).unwrap();
+        match Message::parse(&buf, &control, &data).unwrap() {
+            Message::Connect { reply_to, data, .. } => {
+                assert_eq!(reply_to.len(), 16);
+                assert_eq!(data.len(), MAX_ADDR);
+            }
+            m => panic!("{m:?}"),
+        }
+        // Each field is held to its own shape: a control address where the data name goes
+        // (or the other way round) is refused.
+        let err = Message::parse(&buf, &data, &control)
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("not an address of this provider"), "{err}");
+        let mut three = r.clone();
+        three.fields.push(vec![3; MAX_ADDR]);
+        three.fields[0] = vec![3; MAX_ADDR];
+        assert_eq!(
+            three.encoded_len(),
+            MSG_SIZE,
+            "the largest record fills the buffer"
+        );
     }
 }

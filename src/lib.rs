@@ -8,7 +8,9 @@
 //!   [`mr`] (registrations).
 //! - [`plugin`]: state decided once at `init`; [`device`]: one NCCL device, owning its lanes,
 //!   its control endpoint and its connects in progress.
-//! - [`control`]: the control plane (handshake, liveness, endpoints left to finish).
+//! - [`control`]: the control plane (handshake, liveness, endpoints left to finish);
+//!   [`control_domain`]: where a device's control endpoint lives (on the data domain, or on
+//!   a provider with short names when the data provider's do not fit NCCL's handle).
 //! - [`lane`] (data endpoints and who drives them), [`progress`] (progress threads),
 //!   [`driver`] (the one reader of an endpoint's queue), [`op`], [`tags`], [`overflow`].
 //! - [`provider`] (pure policy) fed by [`discover`]; [`quirks`] (what particular providers
@@ -24,6 +26,7 @@ pub mod address;
 pub mod comm;
 pub mod connection;
 pub mod control;
+pub mod control_domain;
 pub mod device;
 pub mod discover;
 pub mod driver;

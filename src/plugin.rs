@@ -146,6 +146,18 @@ fn open_devices(
         };
         let domain = Domain::open(&fabric, info)?;
         tracing::trace!("dev {index} {}: {}", c.domain, described.text());
+        let control_home = match c
+            .names
+            .as_ref()
+            .and_then(|n| crate::control_domain::needed(n.len, &settings))
+        {
+            Some(reason) => {
+                let route = crate::control_domain::find(&c.domain, &reason, &settings)?;
+                tracing::info!("dev {index} {}: {}", c.domain, route.why);
+                Some((crate::control_domain::open(&route)?, route.domain))
+            }
+            None => None,
+        };
         let pci_path = described
             .pci_path
             .as_ref()
@@ -194,6 +206,7 @@ fn open_devices(
             lanes,
             expected_answer,
             liveness,
+            control_home,
         ));
     }
     let summary = summary(discovery, decision, &devices);

@@ -36,6 +36,18 @@ pub struct Candidate {
     /// `Ok(answer)` of setopt on the probe endpoint, or `Err(text)` if the probe endpoint
     /// could not be set up at all. `None`: not probed (filtered out by settings first).
     pub setopt: Option<Result<i32, String>>,
+    /// What the probe endpoint's name said: the shape of this provider's addresses, and
+    /// where control endpoints must live instead of this domain (see `control_domain`).
+    pub names: Option<Names>,
+}
+
+/// The probe endpoint's name, and what follows from it.
+#[derive(Debug, Clone)]
+pub struct Names {
+    pub len: usize,
+    pub shape: crate::address::Shape,
+    /// Why the control endpoint lives elsewhere; `None`: on this domain.
+    pub control_elsewhere: Option<String>,
 }
 
 impl Candidate {

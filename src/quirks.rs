@@ -107,6 +107,14 @@ pub fn source_unreported(provider: &str) -> bool {
     provider.contains("ofi_rxd")
 }
 
+/// Whether the provider reads a receive's iovec array after the call returned (ucx hands
+/// the caller's array to UCX, which scatters into it when the message arrives: libfabric
+/// 2.1, `ucx_do_recvmsg`); such a provider gets one-piece receives only, so a message
+/// longer than its receive is reported by the provider (FI_ETRUNC) instead.
+pub fn keeps_iov(provider: &str) -> bool {
+    provider == "ucx"
+}
+
 /// Whether `-FI_ENOMEM` from a post means "no free entry in the queue now".
 pub fn enomem_means_full(provider: &str) -> bool {
     local_only(provider)

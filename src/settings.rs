@@ -41,6 +41,7 @@ pub const PROGRESS_THREAD: &str = "NCCL_FABRIC_PROGRESS_THREAD";
 pub const LANES: &str = "NCCL_FABRIC_LANES";
 pub const PEER_TIMEOUT_MS: &str = "NCCL_FABRIC_PEER_TIMEOUT_MS";
 pub const MAX_RECVS: &str = "NCCL_FABRIC_MAX_RECVS";
+pub const CONTROL_PROVIDER: &str = "NCCL_FABRIC_CONTROL_PROVIDER";
 
 pub const TABLE: &[Setting] = &[
     Setting {
@@ -93,6 +94,17 @@ pub const TABLE: &[Setting] = &[
                   CPUs of this rank (those it may use, divided among the machine's ranks when \
                   they share them) and the devices in use: (CPUs - 2) / (3 x devices), from 1 \
                   to 4 (8 CPUs: 2, 16: 4)",
+    },
+    Setting {
+        name: CONTROL_PROVIDER,
+        kind: Kind::List,
+        default: "",
+        meaning: "providers for the handshake and liveness probes, in order of preference: \
+                  empty = the data provider itself where its endpoint names fit NCCL's \
+                  128-byte handle (86 bytes), else the first of `tcp;ofi_rxm`, `tcp`, \
+                  `sockets`, `udp;ofi_rxd` on an interface of this host (the data domain's \
+                  own, else `NCCL_SOCKET_IFNAME`'s, else the first that is not loopback); the \
+                  data endpoints' names then travel in the handshake (ucx: 1024 bytes)",
     },
     Setting {
         name: CONNECT_TIMEOUT_MS,
@@ -207,6 +219,8 @@ pub enum EndpointSharing {
 pub struct Settings {
     pub hmem: HmemMode,
     pub providers: Vec<String>,
+    /// `NCCL_FABRIC_CONTROL_PROVIDER` (see `control_domain`).
+    pub control_providers: Vec<String>,
     pub domains: Vec<String>,
     pub exclude_domains: Vec<String>,
     pub endpoints: EndpointSharing,
@@ -307,6 +321,7 @@ impl Settings {
                 _ => HmemMode::Auto,
             },
             providers: raw_list(PROVIDER)?,
+            control_providers: raw_list(CONTROL_PROVIDER)?,
             domains: raw_list(DOMAINS)?,
             exclude_domains: raw_list(EXCLUDE_DOMAINS)?,
             endpoints: match value(&lookup, ENDPOINTS)?.as_str() {

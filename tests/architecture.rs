@@ -100,6 +100,7 @@ const LAYERS: &[(&str, &[&str])] = &[
         "endpoints; wire records; the provider policy",
         &["endpoint", "handshake", "provider"],
     ),
+    ("where control endpoints live", &["control_domain"]),
     ("discovery; operations", &["discover", "op"]),
     ("the one reader of an endpoint's queue", &["driver"]),
     ("who drives endpoints", &["progress", "control"]),

@@ -384,6 +384,41 @@ fn two_processes_on_more_providers() {
     }
 }
 
+/// The handshake and liveness probes over another provider than the data's, as a provider
+/// whose names do not fit NCCL's handle (ucx) needs: the data endpoints' names travel in the
+/// handshake. Data over shm and udp;ofi_rxd, control over tcp;ofi_rxm.
+#[test]
+fn two_processes_with_the_handshake_on_another_provider() {
+    for p in ["shm", "udp;ofi_rxd"] {
+        for threads in ["no", "yes"] {
+            let mut env = provider_env(p);
+            env.push(("NCCL_FABRIC_PROGRESS_THREAD".into(), threads.into()));
+            env.push(("NCCL_FABRIC_CONTROL_PROVIDER".into(), "tcp;ofi_rxm".into()));
+            env.push(("NCCL_DEBUG".into(), "INFO".into()));
+            let (a, b) = process_pair("child_process_rank", &env);
+            for (name, f) in [("a", a.finish()), ("b", b.finish())] {
+                assert!(
+                    f.success,
+                    "rank {name} over {p} (progress threads {threads}) failed\n--- stdout\n{}\n--- stderr\n{}",
+                    f.stdout, f.stderr
+                );
+                assert!(
+                    f.stderr.contains(
+                        "NCCL_FABRIC_CONTROL_PROVIDER=tcp;ofi_rxm: the handshake runs over tcp;ofi_rxm on lo"
+                    ),
+                    "rank {name} over {p}: {}",
+                    f.stderr
+                );
+                assert!(
+                    !f.stderr.contains("WARN"),
+                    "rank {name} over {p}: {}",
+                    f.stderr
+                );
+            }
+        }
+    }
+}
+
 /// The same two ranks on two hosts (network namespaces joined by a veth pair), with no
 /// domain filter: what a job across machines runs.
 #[test]

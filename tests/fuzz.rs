@@ -106,7 +106,7 @@ proptest! {
         let _ = Record::read(&bytes, "message");
         for (shape, _) in shapes() {
             let _ = shape.check(&bytes);
-            if let Ok(m) = Message::parse(&bytes, &shape) {
+            if let Ok(m) = Message::parse(&bytes, &shape, &shape) {
                 prop_assert!(addresses_fit(&m, &shape));
             }
         }
@@ -128,7 +128,7 @@ proptest! {
             seal(&mut buf);
         }
         buf.truncate(cut.max(1));
-        if let Ok(m) = Message::parse(&buf, &shape) {
+        if let Ok(m) = Message::parse(&buf, &shape, &shape) {
             prop_assert!(addresses_fit(&m, &shape), "{m:?}");
         }
     }
@@ -186,7 +186,7 @@ fn the_corpus_is_refused() {
         }
         for (name, bad) in bad_messages(1, &addr) {
             // Stale messages parse (their flaw is what they name); the rest must not.
-            match Message::parse(&bad, &shape) {
+            match Message::parse(&bad, &shape, &shape) {
                 Err(_) => {}
                 Ok(m) => assert!(
                     name.starts_with("stale") || name.contains("for no") || name.contains("PONG"),

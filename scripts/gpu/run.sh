@@ -55,6 +55,12 @@
 #                $UCX_TARBALL (include/ and lib/ of the libucx-cu13 wheel, see the shared notes), then
 #                fi_info -p ucx and the plugin's doctor with NCCL_FABRIC_PROVIDER=ucx
 #                (FI_UCX_DEVICES=eth0, UCX_TLS=tcp,cuda_copy,self)
+#   threads      where the CPU goes at 1 GiB (two ranks as two hosts): CPU seconds by thread name
+#                for Socket 2x8 and the plugin, and a perf profile where perf is installed
+#   ucxhosts     the hosts shape over ucx: GPU buffers (NCCL_NET_GDR_LEVEL=SYS), host buffers
+#                (NCCL_FABRIC_HMEM=off) and Socket for each of $UCX_TESTS (all_reduce_perf
+#                sendrecv_perf alltoall_perf), all_reduce also without the GDR setting; NCCL's
+#                GPU Direct RDMA lines, /GDRDMA channels and the plugin's INFO lines
 #   all          libfabric nccltests doctor loading collectives variants mpi torch (about 10 min)
 #   issue10      libfabric nccltests compare torch loading
 #
@@ -618,8 +624,11 @@ stage_hosts() {
   } >>"$summary"
 }
 
-stage_ucx() {
-  local tarball=${UCX_TARBALL:-$in/ucx-1.19.0.tar.xz} ucx=$work/ucx lfu=$work/libfabric-ucx
+# Builds libfabric 2.1 with CUDA and ucx against the UCX in $UCX_TARBALL (cached) and sets
+# UCX_ENV: what a process needs to load them (FI_UCX_DEVICES=eth0, UCX_TLS=tcp,cuda_copy,self).
+ucx_setup() {
+  local tarball=${UCX_TARBALL:-$in/ucx-1.19.0.tar.xz} ucx=$work/ucx
+  lfu=$work/libfabric-ucx
   [ -f "$tarball" ] || { log "no UCX at $tarball"; return 1; }
   if [ ! -e "$lfu/lib/libfabric.so" ]; then
     rm -rf "$ucx"
@@ -631,17 +640,117 @@ stage_ucx() {
       || { tail -n 40 "$OUT/logs/libfabric-ucx-build.log" >&2; return 1; }
   fi
   PLUGIN_LIB=$(install_plugin)
-  local env=(LD_LIBRARY_PATH="$lfu/lib:$ucx/lib:${LD_LIBRARY_PATH:-}" UCX_MODULE_DIR="$ucx/lib/ucx"
-    FI_UCX_DEVICES=eth0 UCX_TLS=tcp,cuda_copy,self)
+  UCX_NAME=$(basename "$tarball" .tar.xz)
+  UCX_ENV=(LD_LIBRARY_PATH="$lfu/lib:$ucx/lib:${LD_LIBRARY_PATH:-}" UCX_MODULE_DIR="$ucx/lib/ucx"
+    FI_UCX_DEVICES=eth0 UCX_TLS=${UCX_TLS:-tcp,cuda_copy,self})
+}
+
+stage_ucx() {
+  ucx_setup || return 1
   {
     echo
-    echo "## ucx (libfabric 2.1 with ucx, UCX $(basename "$tarball" .tar.xz))"
+    echo "## ucx (libfabric 2.1 with ucx, UCX $UCX_NAME)"
     echo '```'
-    env "${env[@]}" timeout 60 "$lfu/bin/fi_info" -p ucx 2>&1 | head -n 20
+    env "${UCX_ENV[@]}" timeout 60 "$lfu/bin/fi_info" -p ucx 2>&1 | head -n 20
     echo
-    env "${env[@]}" NCCL_FABRIC_PROVIDER=ucx timeout 60 "$PLUGIN_DIR/nccl-net-fabric" doctor 2>&1 | head -n 60
+    env "${UCX_ENV[@]}" NCCL_FABRIC_PROVIDER=ucx timeout 60 "$PLUGIN_DIR/nccl-net-fabric" doctor 2>&1 | head -n 60
+    echo
+    echo "With NCCL_NET_GDR_LEVEL=SYS:"
+    env "${UCX_ENV[@]}" NCCL_FABRIC_PROVIDER=ucx NCCL_NET_GDR_LEVEL=SYS timeout 60 \
+      "$PLUGIN_DIR/nccl-net-fabric" doctor 2>&1 | grep -E "GPU|GDR|handshake" | head -n 20
     echo '```'
   } >>"$summary"
+}
+
+# ucxhosts: two ranks as two hosts over ucx, -b $MINBYTES -e $MAXBYTES, for each test of
+# $UCX_TESTS (all_reduce_perf sendrecv_perf alltoall_perf): GPU buffers
+# (NCCL_NET_GDR_LEVEL=SYS), host buffers (NCCL_FABRIC_HMEM=off) and Socket; all_reduce also
+# without the GDR setting (the plugin's INFO line says why NCCL keeps host buffers). Then
+# NCCL's GPU Direct RDMA lines, the channels' paths and the plugin's INFO lines per run.
+stage_ucxhosts() {
+  ucx_setup || return 1
+  start_mps
+  local fab=(NCCL_NET=Fabric NCCL_NET_PLUGIN="$PLUGIN_LIB/libnccl-net-fabric.so" "${UCX_ENV[@]}"
+    NCCL_FABRIC_PROVIDER=ucx)
+  local t short names=()
+  table_header "ucx (UCX $UCX_NAME, FI_UCX_DEVICES=eth0, UCX_TLS=${UCX_TLS:-tcp,cuda_copy,self}), two ranks as two hosts on one GPU (MPS), -b $MINBYTES -e $MAXBYTES -f 2 -n $ITERS -w $WARMUP"
+  for t in ${UCX_TESTS:-all_reduce_perf sendrecv_perf alltoall_perf}; do
+    short=${t%_perf}
+    hosts_run "ucx-$short-gdr" "$t" "${fab[@]}" NCCL_NET_GDR_LEVEL=SYS
+    names+=("ucx-$short-gdr")
+    if [ "$short" = all_reduce ]; then
+      hosts_run "ucx-$short-default" "$t" "${fab[@]}"
+      names+=("ucx-$short-default")
+    fi
+    hosts_run "ucx-$short-host" "$t" "${fab[@]}" NCCL_FABRIC_HMEM=off
+    hosts_run "ucx-$short-socket" "$t" NCCL_NET=Socket NCCL_NET_PLUGIN=none
+    names+=("ucx-$short-host" "ucx-$short-socket")
+  done
+  {
+    echo
+    echo "NCCL's GPU Direct RDMA lines, the channels' paths and the plugin's INFO lines (rank 0):"
+    echo '```'
+    local n
+    for n in "${names[@]}"; do
+      grep -m2 -hoE 'GPU Direct RDMA (Enabled|Disabled)[^$]*' "$OUT/logs/$n.log" | sed "s/^/$n: /" | cut -c1-300
+      grep -m4 -hE 'NET/Fabric.*(provider |handshake|NCCL passes|NCCL uses host)' "$OUT/logs/$n.log" | sed "s/^/$n: /" | cut -c1-500
+      echo "$n: channels $(grep -oE 'via NET/[A-Za-z]+/[0-9]+(/GDRDMA)?' "$OUT/logs/$n.log" | sort | uniq -c | tr -s ' ' | tr '\n' ';')"
+      grep -m3 -hE 'WARN|error|Segmentation' "$OUT/logs/$n.log" | sed "s/^/$n: /" | cut -c1-300
+    done
+    echo '```'
+    echo
+    echo "Time per size (out-of-place, µs), side by side:"
+    echo
+    local logs=("${names[@]/#/$OUT/logs/}")
+    python3 scripts/gpu/sizes.py "${logs[@]/%/.log}"
+  } >>"$summary"
+}
+
+# threads: where the CPU goes at 1 GiB, two ranks as two hosts, all_reduce_perf -b 1G -e 1G
+# -n $THREADS_ITERS (40): CPU seconds by thread name (scripts/gpu/threads.py) for Socket 2x8
+# and the plugin as it sizes itself; where perf is installed, also a system-wide profile of
+# the plugin's run by thread and shared object, and its hottest symbols.
+stage_threads() {
+  plugin_env
+  start_mps
+  local name how
+  for name in socket2x8 fabric; do
+    case $name in
+      socket2x8) how=(NCCL_NET=Socket NCCL_NET_PLUGIN=none NCCL_SOCKET_NTHREADS=2 NCCL_NSOCKS_PERTHREAD=8) ;;
+      fabric) how=(NCCL_NET=Fabric NCCL_NET_PLUGIN="$PLUGIN_LIB/libnccl-net-fabric.so") ;;
+    esac
+    log "threads $name"
+    local cmd=(timeout -k 10 "$TIMEOUT" mpirun --allow-run-as-root --bind-to none -np 2
+      bash -c 'export NCCL_HOSTID=h$OMPI_COMM_WORLD_RANK; exec env "$@"' _
+      NCCL_TESTS_DEVICE=0 NCCL_DEBUG=INFO NCCL_DEBUG_SUBSYS=INIT,NET "${how[@]}"
+      "$NCCL_TESTS_MPI_DIR/all_reduce_perf" -b 1G -e 1G -g 1 -n "${THREADS_ITERS:-40}" -w 5)
+    {
+      echo
+      echo "## CPU by thread: $name, all_reduce_perf 1 GiB x ${THREADS_ITERS:-40}, two ranks as two hosts"
+    } >>"$summary"
+    python3 scripts/gpu/threads.py "$summary" "${cmd[@]}" >"$OUT/logs/threads-$name.log" 2>&1
+    awk '$1 == 1073741824 && NF >= 13 {print "busbw at 1 GiB: " $8 " GB/s (out of place), " $12 " (in place)"}' \
+      "$OUT/logs/threads-$name.log" >>"$summary"
+  done
+  if command -v perf >/dev/null; then
+    log "perf over the plugin's run"
+    local cmd=(timeout -k 10 "$TIMEOUT" mpirun --allow-run-as-root --bind-to none -np 2
+      bash -c 'export NCCL_HOSTID=h$OMPI_COMM_WORLD_RANK; exec env "$@"' _
+      NCCL_TESTS_DEVICE=0 NCCL_NET=Fabric NCCL_NET_PLUGIN="$PLUGIN_LIB/libnccl-net-fabric.so"
+      "$NCCL_TESTS_MPI_DIR/all_reduce_perf" -b 1G -e 1G -g 1 -n "${THREADS_ITERS:-40}" -w 5)
+    perf record -F 499 -a -g -o "$work/perf.data" -- "${cmd[@]}" >"$OUT/logs/perf-run.log" 2>&1
+    {
+      echo
+      echo "## perf, the plugin's run (system-wide, 499 Hz): by thread and object, then symbols"
+      echo '```'
+      perf report -i "$work/perf.data" --no-children --sort comm,dso --stdio 2>/dev/null | grep -v '^#' | grep -v '^$' | head -n 40
+      echo
+      perf report -i "$work/perf.data" --no-children --sort sym --stdio -g none 2>/dev/null | grep -v '^#' | grep -v '^$' | head -n 50
+      echo '```'
+    } >>"$summary"
+  else
+    echo "- perf: not installed on this machine" >>"$summary"
+  fi
 }
 
 stage_fabtests() {

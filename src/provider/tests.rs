@@ -26,6 +26,7 @@ fn cand(pass: Pass, provider: &str, domain: &str, hmem: bool, setopt: i32) -> Ca
         src: None,
         loopback: domain == "lo",
         setopt: Some(Ok(setopt)),
+        names: None,
     }
 }
 

@@ -113,7 +113,7 @@ pub fn run(json: bool) -> ExitCode {
         for (dev, (ci, d)) in described.iter().enumerate() {
             let _ = write!(
                 out,
-                "{}{{\"device\":{dev},\"domain\":{},\"pci_path\":{},\"pci_source\":{},\"speed_mbps\":{},\"speed_source\":{},\"guid\":{},\"guid_source\":{},\"loopback\":{}}}",
+                "{}{{\"device\":{dev},\"domain\":{},\"pci_path\":{},\"pci_source\":{},\"speed_mbps\":{},\"speed_source\":{},\"guid\":{},\"guid_source\":{},\"loopback\":{},\"handshake\":{}}}",
                 if dev > 0 { "," } else { "" },
                 json_str(&discovery.candidates[*ci].domain),
                 d.pci_path.as_ref().map_or("null".into(), |p| json_str(&p.to_string_lossy())),
@@ -123,6 +123,7 @@ pub fn run(json: bool) -> ExitCode {
                 d.guid,
                 json_str(&d.guid_source),
                 discovery.candidates[*ci].loopback,
+                json_str(&handshake(&discovery.candidates[*ci])),
             );
         }
         out.push_str("],\"gpu_buffers_predicted\":[");
@@ -196,6 +197,10 @@ pub fn run(json: bool) -> ExitCode {
                         discovery.candidates[*ci].domain,
                         d.text()
                     );
+                    println!(
+                        "dev {dev} handshake: {}",
+                        handshake(&discovery.candidates[*ci])
+                    );
                 }
                 if decision.loopback_only {
                     println!("{}", nccl_net_fabric::provider::LOOPBACK_ONLY);
@@ -218,6 +223,17 @@ pub fn run(json: bool) -> ExitCode {
         ExitCode::from(1)
     } else {
         ExitCode::SUCCESS
+    }
+}
+
+/// Where a device's handshake runs (see `control_domain`).
+fn handshake(c: &nccl_net_fabric::provider::Candidate) -> String {
+    match c.names.as_ref().and_then(|n| n.control_elsewhere.clone()) {
+        Some(why) => why,
+        None => format!(
+            "over {} itself (its endpoint names fit NCCL's handle)",
+            c.provider
+        ),
     }
 }
 
