@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Builds libfabric 2.1.0 from Debian trixie's source tarball into a prefix inside the
 # build tree (default: target/libfabric-2.1), and prints that prefix on stdout.
-# The result is cached: a second run with the prefix in place does nothing.
+# With UCX's headers installed (Debian's libucx-dev) the ucx provider is built too.
+# The result is cached: a second run with the prefix in place and the same configure flags
+# does nothing.
 #
 # The Debian mirror is the one this machine's own apt sources already use; the system's
 # apt configuration is not changed (a private sources list and list directory are used).
@@ -19,7 +21,13 @@ sha256=1a66369772d5bb151737214af1c478993e969cf298e8f9ed369e7a2ab8d8c6df
 repo=$(cd "$(dirname "$0")/.." && pwd)
 prefix=${LIBFABRIC_PREFIX:-$repo/target/libfabric-2.1}
 work=$repo/target/libfabric-src
-stamp=$prefix/.built-$version
+# The ucx provider where UCX is installed, unless the extra flags name it themselves.
+ucx_flag=""
+if [ -f /usr/include/ucp/api/ucp.h ] && [[ "${LIBFABRIC_CONFIGURE_EXTRA:-}" != *ucx* ]]; then
+  ucx_flag=--enable-ucx
+fi
+flags="--enable-only --enable-tcp --enable-rxm --enable-shm --enable-udp --enable-rxd --enable-sm2 $ucx_flag --disable-static ${LIBFABRIC_CONFIGURE_EXTRA:-}"
+stamp=$prefix/.built-$version-$(echo "$flags" | sha1sum | cut -c1-8)
 
 log() { echo "build-libfabric: $*" >&2; }
 
@@ -73,9 +81,7 @@ if [ ! -x configure ]; then
   ./autogen.sh >"$work/autogen.log" 2>&1 || { tail -n 30 "$work/autogen.log" >&2; exit 1; }
 fi
 # shellcheck disable=SC2086
-./configure --prefix="$prefix" --enable-only --enable-tcp --enable-rxm --enable-shm \
-  --enable-udp --enable-rxd --enable-sm2 --disable-static ${LIBFABRIC_CONFIGURE_EXTRA:-} \
-  >"$work/configure.log" 2>&1 || { tail -n 30 "$work/configure.log" >&2; exit 1; }
+./configure --prefix="$prefix" $flags >"$work/configure.log" 2>&1 || { tail -n 30 "$work/configure.log" >&2; exit 1; }
 make -j"$(nproc)" install >"$work/make.log" 2>&1 || { tail -n 30 "$work/make.log" >&2; exit 1; }
 touch "$stamp"
 log "installed at $prefix"

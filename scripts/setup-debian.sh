@@ -2,7 +2,8 @@
 # Installs what building and testing nccl-net-fabric needs on a Debian 12 machine:
 # libfabric 1.17 (headers, library, fi_info), libclang for bindgen, iproute2 and util-linux
 # for the tests' hosts (network namespaces joined by veth pairs), and the autotools
-# that build libfabric 2.1 from source (scripts/build-libfabric.sh).
+# that build libfabric 2.1 from source (scripts/build-libfabric.sh), with its ucx provider
+# against Debian's UCX (libucx-dev).
 # Safe to run again: apt-get skips what is already installed.
 set -euo pipefail
 
@@ -13,6 +14,7 @@ packages=(
   autoconf automake libtool make xz-utils
   dpkg-dev ca-certificates
   valgrind util-linux iproute2
+  libucx-dev
 )
 
 missing=()

@@ -20,4 +20,8 @@ echo "== tests against libfabric $(pkg-config --modversion libfabric) (system)"
 cargo test
 
 echo "== tests against libfabric 2.1 ($prefix)"
+# With the ucx provider built in, its tests must run (tests/datapath.rs, ucx_expected).
+if FI_UCX_DEVICES=lo LD_LIBRARY_PATH=$prefix/lib "$prefix/bin/fi_info" -p ucx >/dev/null 2>&1; then
+  export NFAB_UCX=1
+fi
 LIBFABRIC_DIR=$prefix CARGO_TARGET_DIR=target/libfabric-2.1-build cargo test

@@ -120,13 +120,25 @@ impl Drop for MemoryRegion {
 }
 
 /// The CUDA device a GPU buffer lives on, asked of the CUDA driver NCCL already loaded
-/// (`cuPointerGetAttribute`, a query that neither allocates nor synchronises). 0 when the
-/// driver is not loaded in this process.
+/// (`cuPointerGetAttribute`, a query that neither allocates nor synchronises), once per
+/// registration (`regMr`), never on the data path. The CUDA runtime loads `libcuda.so.1`
+/// privately (not into the global namespace), so the driver is looked up by name among the
+/// loaded objects (`RTLD_NOLOAD`: never loaded here). 0 when it is not loaded.
 pub fn cuda_device_of(address: usize) -> i32 {
     const CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL: i32 = 9;
     type GetAttr = unsafe extern "C" fn(*mut c_void, i32, usize) -> i32;
-    // SAFETY: dlsym on RTLD_DEFAULT looks up a symbol among already loaded objects only.
-    let sym = unsafe { libc::dlsym(libc::RTLD_DEFAULT, c"cuPointerGetAttribute".as_ptr()) };
+    // SAFETY: RTLD_NOLOAD only returns a handle to an object already loaded (adding a
+    // reference, which is kept: the driver stays loaded for the process's life anyway);
+    // dlsym on it or on RTLD_DEFAULT only looks a symbol up.
+    let sym = unsafe {
+        let handle = libc::dlopen(c"libcuda.so.1".as_ptr(), libc::RTLD_NOW | libc::RTLD_NOLOAD);
+        let scope = if handle.is_null() {
+            libc::RTLD_DEFAULT
+        } else {
+            handle
+        };
+        libc::dlsym(scope, c"cuPointerGetAttribute".as_ptr())
+    };
     if sym.is_null() {
         tracing::warn!(
             "CUDA buffer registered but the CUDA driver is not loaded: assuming device 0"

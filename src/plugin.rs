@@ -184,10 +184,22 @@ fn open_devices(
             .and_then(Result::ok)
             .filter(|_| decision.gpu);
         let close_after = Duration::from_millis(settings.close_timeout_ms);
+        let threaded = settings.progress_thread
+            && !(decision.gpu && crate::quirks::progress_needs_cuda_context(&c.provider));
+        if settings.progress_thread && !threaded {
+            tracing::info!(
+                "dev {index} {}: no progress threads: {} copies GPU buffers with the CUDA API \
+                 in the thread that drives it (UCX's cuda_copy), and only NCCL's proxy thread \
+                 holds the GPU's context, so NCCL's calls drive (NCCL_FABRIC_HMEM=off gives \
+                 host buffers and progress threads)",
+                c.domain,
+                c.provider
+            );
+        }
         let lanes = LanePool::new(LaneConfig {
             domain: domain.clone(),
             expected_answer,
-            threaded: settings.progress_thread,
+            threaded,
             lanes: settings.lanes,
             per_comm: per_comm(&settings, &c.provider),
             label: c.domain.clone(),

@@ -115,6 +115,16 @@ pub fn keeps_iov(provider: &str) -> bool {
     provider == "ucx"
 }
 
+/// Whether moving GPU buffers makes the provider call the CUDA API in whichever thread
+/// drives its progress, despite answering 0 to `FI_OPT_CUDA_API_PERMITTED=false`: ucx
+/// stages GPU memory through UCX's `cuda_copy` transport (over tcp), which needs the GPU's
+/// CUDA context, and only NCCL's proxy thread has it (seen on the GPU machine: progress
+/// threads hang at the first GPU transfer, NCCL's calls driving move the data). With GPU
+/// buffers such a provider is driven by NCCL's calls only.
+pub fn progress_needs_cuda_context(provider: &str) -> bool {
+    provider == "ucx"
+}
+
 /// Whether `-FI_ENOMEM` from a post means "no free entry in the queue now".
 pub fn enomem_means_full(provider: &str) -> bool {
     local_only(provider)

@@ -419,6 +419,85 @@ fn two_processes_with_the_handshake_on_another_provider() {
     }
 }
 
+/// Whether the libfabric in use has the ucx provider: `scripts/test.sh` says so
+/// (`NFAB_UCX=1`) when it built libfabric 2.1 with it, and then its absence fails the test.
+fn ucx_expected() -> bool {
+    let expected = std::env::var_os("NFAB_UCX").is_some_and(|v| v == "1");
+    if !expected {
+        eprintln!(
+            "ucx: not built into this libfabric (scripts/test.sh sets NFAB_UCX=1 where it is)"
+        );
+    }
+    expected
+}
+
+/// ucx (host memory): endpoint names of 1024 bytes, so the handshake runs over another
+/// provider; two processes on this host (UCX over shared memory) and on two hosts (UCX over
+/// TCP on the hosts' link), with NCCL's calls driving and with progress threads.
+#[test]
+fn two_processes_over_ucx() {
+    use common::hosts::{host_env, hosts_or_skip, pair_on_hosts, Hosts, IFACE};
+    if !ucx_expected() {
+        return;
+    }
+    let expect_route = |f: &common::Finished, where_: &str, iface: &str| {
+        assert!(
+            f.stderr.contains("endpoint names are 1024 bytes")
+                && f.stderr
+                    .contains(&format!("the handshake runs over tcp;ofi_rxm on {iface}")),
+            "ucx {where_}: {}",
+            f.stderr
+        );
+    };
+    for threads in ["no", "yes"] {
+        let mut env = provider_env("ucx");
+        for (k, v) in [
+            ("NCCL_FABRIC_DOMAINS", "ucx"),
+            // NCCL's own interface filter places the handshake on loopback.
+            ("NCCL_SOCKET_IFNAME", "lo"),
+            ("FI_UCX_DEVICES", "lo"),
+            ("UCX_TLS", "sm,self"),
+            ("NCCL_FABRIC_PROGRESS_THREAD", threads),
+            ("NCCL_DEBUG", "INFO"),
+        ] {
+            env.push((k.into(), v.into()));
+        }
+        let (a, b) = process_pair("child_process_rank", &env);
+        for (name, f) in [("a", a.finish()), ("b", b.finish())] {
+            assert!(
+                f.success,
+                "rank {name} over ucx (threads {threads}) failed\n{}\n{}",
+                f.stdout, f.stderr
+            );
+            expect_route(&f, "on one host", "lo (NCCL_SOCKET_IFNAME");
+        }
+    }
+    if !hosts_or_skip() {
+        return;
+    }
+    let hosts = Hosts::new(2);
+    let env = host_env(
+        "ucx",
+        &[
+            ("FI_UCX_DEVICES", IFACE),
+            ("UCX_TLS", "tcp,self"),
+            // UCX prefers IPv6, and the hosts' link-local IPv6 addresses do not connect.
+            ("UCX_TCP_AF_PRIO", "inet"),
+            ("NCCL_DEBUG", "INFO"),
+            ("NCCL_FABRIC_PROGRESS_THREAD", "yes"),
+        ],
+    );
+    let (a, b) = pair_on_hosts(&hosts, "child_process_rank", &env, CHILD_TIMEOUT);
+    for (name, f) in [("a", a.finish()), ("b", b.finish())] {
+        assert!(
+            f.success,
+            "rank {name} over ucx on two hosts failed\n{}\n{}",
+            f.stdout, f.stderr
+        );
+        expect_route(&f, "on two hosts", IFACE);
+    }
+}
+
 /// The same two ranks on two hosts (network namespaces joined by a veth pair), with no
 /// domain filter: what a job across machines runs.
 #[test]

@@ -58,7 +58,7 @@
 #   threads      where the CPU goes at 1 GiB (two ranks as two hosts): CPU seconds by thread name
 #                for Socket 2x8 and the plugin, and a perf profile where perf is installed
 #   ucxhosts     the hosts shape over ucx: GPU buffers (NCCL_NET_GDR_LEVEL=SYS), host buffers
-#                (NCCL_FABRIC_HMEM=off) and Socket for each of $UCX_TESTS (all_reduce_perf
+#                (NCCL_FABRIC_HMEM=off) and Socket for each of $UCXHOSTS_TESTS (all_reduce_perf
 #                sendrecv_perf alltoall_perf), all_reduce also without the GDR setting; NCCL's
 #                GPU Direct RDMA lines, /GDRDMA channels and the plugin's INFO lines
 #   all          libfabric nccltests doctor loading collectives variants mpi torch (about 10 min)
@@ -570,8 +570,35 @@ hosts_run() {
     bash -c 'export NCCL_HOSTID=h$OMPI_COMM_WORLD_RANK; exec env "$@"' _ \
     NCCL_TESTS_DEVICE=0 NCCL_DEBUG=INFO NCCL_DEBUG_SUBSYS=INIT,NET "$@" \
     "$NCCL_TESTS_MPI_DIR/$test" -b "$MINBYTES" -e "$MAXBYTES" -f 2 -g 1 -n "$ITERS" -w "$WARMUP" \
-    >"$logf" 2>&1
-  row "$name" "$test" "$logf" $? $((SECONDS - start)) "$(cat "$cost" 2>/dev/null)"
+    >"$logf" 2>&1 &
+  local runner=$! rc
+  # A run still going 10 s before its timeout: every thread's stack, for the record.
+  ( sleep $((TIMEOUT - 10)); kill -0 $runner 2>/dev/null && stacks "$test" >"$OUT/logs/$name.stacks" 2>&1 ) &
+  local watcher=$!
+  wait $runner
+  rc=$?
+  kill $watcher 2>/dev/null
+  row "$name" "$test" "$logf" $rc $((SECONDS - start)) "$(cat "$cost" 2>/dev/null)"
+  # A killed rank can leave MPS refusing the next client ("busy or unavailable"): restart it.
+  if [ $rc -eq 124 ] || [ $rc -eq 137 ]; then
+    echo quit | nvidia-cuda-mps-control 2>/dev/null
+    sleep 3
+    start_mps
+  fi
+}
+
+# stacks NAME: each thread of each process called NAME: its name, kernel wait channel and,
+# where gdb is installed, its stack.
+stacks() {
+  local pid tid
+  for pid in $(pgrep -x "$1"); do
+    echo "== pid $pid"
+    for tid in /proc/"$pid"/task/*; do
+      echo "$(basename "$tid") $(cat "$tid/comm") $(cat "$tid/wchan" 2>/dev/null)"
+    done
+    command -v gdb >/dev/null && timeout 20 gdb -batch -p "$pid" -ex 'thread apply all bt 12' 2>/dev/null \
+      | grep -E '^(Thread|#)' | cut -c1-200
+  done
 }
 
 stage_hosts() {
@@ -663,7 +690,7 @@ stage_ucx() {
 }
 
 # ucxhosts: two ranks as two hosts over ucx, -b $MINBYTES -e $MAXBYTES, for each test of
-# $UCX_TESTS (all_reduce_perf sendrecv_perf alltoall_perf): GPU buffers
+# $UCXHOSTS_TESTS (all_reduce_perf sendrecv_perf alltoall_perf): GPU buffers
 # (NCCL_NET_GDR_LEVEL=SYS), host buffers (NCCL_FABRIC_HMEM=off) and Socket; all_reduce also
 # without the GDR setting (the plugin's INFO line says why NCCL keeps host buffers). Then
 # NCCL's GPU Direct RDMA lines, the channels' paths and the plugin's INFO lines per run.
@@ -674,7 +701,7 @@ stage_ucxhosts() {
     NCCL_FABRIC_PROVIDER=ucx)
   local t short names=()
   table_header "ucx (UCX $UCX_NAME, FI_UCX_DEVICES=eth0, UCX_TLS=${UCX_TLS:-tcp,cuda_copy,self}), two ranks as two hosts on one GPU (MPS), -b $MINBYTES -e $MAXBYTES -f 2 -n $ITERS -w $WARMUP"
-  for t in ${UCX_TESTS:-all_reduce_perf sendrecv_perf alltoall_perf}; do
+  for t in ${UCXHOSTS_TESTS:-all_reduce_perf sendrecv_perf alltoall_perf}; do
     short=${t%_perf}
     hosts_run "ucx-$short-gdr" "$t" "${fab[@]}" NCCL_NET_GDR_LEVEL=SYS
     names+=("ucx-$short-gdr")
@@ -693,7 +720,7 @@ stage_ucxhosts() {
     local n
     for n in "${names[@]}"; do
       grep -m2 -hoE 'GPU Direct RDMA (Enabled|Disabled)[^$]*' "$OUT/logs/$n.log" | sed "s/^/$n: /" | cut -c1-300
-      grep -m4 -hE 'NET/Fabric.*(provider |handshake|NCCL passes|NCCL uses host)' "$OUT/logs/$n.log" | sed "s/^/$n: /" | cut -c1-500
+      grep -m5 -hE 'NET/Fabric.*(provider |handshake|NCCL passes|NCCL uses host|no progress threads)' "$OUT/logs/$n.log" | sed "s/^/$n: /" | cut -c1-500
       echo "$n: channels $(grep -oE 'via NET/[A-Za-z]+/[0-9]+(/GDRDMA)?' "$OUT/logs/$n.log" | sort | uniq -c | tr -s ' ' | tr '\n' ';')"
       grep -m3 -hE 'WARN|error|Segmentation' "$OUT/logs/$n.log" | sed "s/^/$n: /" | cut -c1-300
     done
