@@ -137,12 +137,18 @@ fn main() {
     println!("cargo:rerun-if-changed=build.rs");
     println!("cargo:rerun-if-changed=src/c/mr_reg.c");
     println!("cargo::rustc-check-cfg=cfg(fi_has_cuda_api_permitted)");
+    println!("cargo::rustc-check-cfg=cfg(fi_progress_in_union)");
 
     let out = PathBuf::from(env::var_os("OUT_DIR").expect("cargo sets OUT_DIR"));
     let fabric = find_libfabric();
     let bindings = generate_bindings(&fabric, &out);
     if bindings.contains("FI_OPT_CUDA_API_PERMITTED") {
         println!("cargo:rustc-cfg=fi_has_cuda_api_permitted");
+    }
+    // libfabric 2.x keeps domain_attr's data_progress in a union with its new name,
+    // `progress`.
+    if bindings.contains("pub progress: fi_progress") {
+        println!("cargo:rustc-cfg=fi_progress_in_union");
     }
     check_nccl_header(&out);
 

@@ -185,6 +185,26 @@ impl<'a> Info<'a> {
     pub fn max_msg_size(&self) -> usize {
         self.ep_attr().max_msg_size
     }
+    /// The largest message the provider sends without the caller's buffer
+    /// (`tx_attr->inject_size`, 0 when unknown).
+    pub fn inject_size(&self) -> usize {
+        // SAFETY: tx_attr is NULL or valid for the info's life.
+        unsafe { self.raw.tx_attr.as_ref() }.map_or(0, |a| a.inject_size)
+    }
+    /// `domain_attr->data_progress` and `control_progress`.
+    pub fn progress(&self) -> (sys::fi_progress, sys::fi_progress) {
+        let d = self.domain_attr();
+        #[cfg(fi_progress_in_union)]
+        // SAFETY: both members of the union are the same enum (`progress` is the new name).
+        let data = unsafe { d.__bindgen_anon_1.data_progress };
+        #[cfg(not(fi_progress_in_union))]
+        let data = d.data_progress;
+        (data, d.control_progress)
+    }
+    /// `domain_attr->threading`.
+    pub fn threading(&self) -> sys::fi_threading {
+        self.domain_attr().threading
+    }
     /// How many pieces one receive may have (`rx_attr->iov_limit`, 1 when unknown).
     pub fn rx_iov_limit(&self) -> usize {
         // SAFETY: rx_attr is NULL or valid for the info's life.

@@ -241,28 +241,10 @@ fn transfer_until_error(
     }
 }
 
-/// Builds `tests/fault/cq_fails.c` (a preload that breaks every completion queue of a process
-/// once a file exists) against the libfabric headers in use; returns the library's path.
+/// `tests/fault/cq_fails.c` built (a preload that breaks every completion queue of a process
+/// once a trigger file exists).
 fn cq_fault_library() -> std::path::PathBuf {
-    let out = std::env::temp_dir().join(format!("nfab-cq-fails-{}.so", std::process::id()));
-    let mut cc = std::process::Command::new("cc");
-    if let Ok(dir) = std::env::var("LIBFABRIC_DIR") {
-        if !dir.is_empty() {
-            cc.arg(format!("-I{dir}/include"));
-        }
-    }
-    let status = cc
-        .args(["-shared", "-fPIC", "-O1", "-Wall", "-o"])
-        .arg(&out)
-        .arg(concat!(
-            env!("CARGO_MANIFEST_DIR"),
-            "/tests/fault/cq_fails.c"
-        ))
-        .arg("-ldl")
-        .status()
-        .expect("cc (scripts/setup-debian.sh installs it)");
-    assert!(status.success(), "building tests/fault/cq_fails.c failed");
-    out
+    common::preload_library("cq_fails")
 }
 
 #[test]

@@ -57,6 +57,7 @@
 #                (FI_UCX_DEVICES=eth0, UCX_TLS=tcp,cuda_copy,self)
 #   threads      where the CPU goes at 1 GiB (two ranks as two hosts): CPU seconds by thread name
 #                for Socket 2x8 and the plugin, and a perf profile where perf is installed
+#   conform      nccl-net-fabric conform over ucx (GPU rows included) and $CONFORM_PROVIDERS
 #   ucxhosts     the hosts shape over ucx: GPU buffers (NCCL_NET_GDR_LEVEL=SYS), host buffers
 #                (NCCL_FABRIC_HMEM=off) and Socket for each of $UCXHOSTS_TESTS (all_reduce_perf
 #                sendrecv_perf alltoall_perf), all_reduce also without the GDR setting; NCCL's
@@ -778,6 +779,35 @@ stage_threads() {
   else
     echo "- perf: not installed on this machine" >>"$summary"
   fi
+}
+
+# conform: `nccl-net-fabric conform` over ucx (GPU rows included) with libfabric built with
+# ucx, and over $CONFORM_PROVIDERS with the libfabric stage's build where it is there; the
+# text reports in the summary.
+stage_conform() {
+  ucx_setup || return 1
+  {
+    echo
+    echo "## conform over ucx (UCX $UCX_NAME, ${UCX_ENV[*]:2})"
+    echo '```'
+    env "${UCX_ENV[@]}" timeout 240 "$PLUGIN_DIR/nccl-net-fabric" conform --provider ucx \
+      --plugin "$PLUGIN_LIB/libnccl-net-fabric.so" 2>&1
+    echo "exit $?"
+    echo '```'
+  } >>"$summary"
+  local p
+  for p in ${CONFORM_PROVIDERS:-}; do
+    [ -e "$lf/lib/libfabric.so" ] || break
+    {
+      echo
+      echo "## conform over $p (libfabric with CUDA)"
+      echo '```'
+      LD_LIBRARY_PATH=$lf/lib:${LD_LIBRARY_PATH:-} NCCL_FABRIC_DOMAINS=eth0,shm timeout 240 \
+        "$PLUGIN_DIR/nccl-net-fabric" conform --provider "$p" --plugin "$PLUGIN_LIB/libnccl-net-fabric.so" 2>&1
+      echo "exit $?"
+      echo '```'
+    } >>"$summary"
+  done
 }
 
 stage_fabtests() {

@@ -466,3 +466,27 @@ pub fn wait_output(mut child: Child, what: &str, timeout: Duration) -> std::proc
         stderr: err.join().unwrap_or_default(),
     }
 }
+
+/// Builds `tests/fault/NAME.c` into a preload library against the libfabric headers in use
+/// (`LIBFABRIC_DIR`, else the system's) and returns its path.
+pub fn preload_library(name: &str) -> std::path::PathBuf {
+    let out = std::env::temp_dir().join(format!("nfab-{name}-{}.so", std::process::id()));
+    let mut cc = std::process::Command::new("cc");
+    if let Ok(dir) = std::env::var("LIBFABRIC_DIR") {
+        if !dir.is_empty() {
+            cc.arg(format!("-I{dir}/include"));
+        }
+    }
+    let status = cc
+        .args(["-shared", "-fPIC", "-O1", "-Wall", "-o"])
+        .arg(&out)
+        .arg(format!(
+            "{}/tests/fault/{name}.c",
+            env!("CARGO_MANIFEST_DIR")
+        ))
+        .arg("-ldl")
+        .status()
+        .expect("cc (scripts/setup-debian.sh installs it)");
+    assert!(status.success(), "building tests/fault/{name}.c failed");
+    out
+}

@@ -215,6 +215,11 @@ pub fn run(json: bool) -> ExitCode {
                 for line in &gdr {
                     println!("{line}");
                 }
+                println!(
+                    "To check {} against NCCL's call pattern (two processes, every check with a \
+                     deadline): nccl-net-fabric conform --provider '{}'",
+                    decision.provider, decision.provider
+                );
             }
             Some(t) => println!("nothing usable: {t}"),
         }

@@ -7,7 +7,11 @@
 //!   and devices, then moves data through the exported table over loopback.
 //! - `settings [--markdown]`: the `NCCL_FABRIC_*` settings with their values in this
 //!   environment, validated, and what `auto` resolves to on this machine.
+//! - `conform [--provider NAME] [--domain NAME] [--json] [--peer HOST:PORT | --listen PORT]`:
+//!   NCCL's call pattern against one provider in two processes, one row per check; exits 1
+//!   when a check NCCL needs fails.
 
+mod conform;
 mod demo;
 mod doctor;
 mod settings;
@@ -49,6 +53,32 @@ enum Command {
         #[arg(long, value_name = "PATH")]
         plugin: Option<PathBuf>,
     },
+    /// NCCL's call pattern against one provider, in two processes through the plugin's table:
+    /// one row per check (what was tried, what the provider did, what it means under NCCL);
+    /// exits 1 when a check NCCL needs fails
+    Conform {
+        /// The libfabric provider (NCCL_FABRIC_PROVIDER), e.g. `tcp;ofi_rxm`
+        #[arg(long, value_name = "NAME")]
+        provider: Option<String>,
+        /// The domain (NCCL_FABRIC_DOMAINS), e.g. `eth0`
+        #[arg(long, value_name = "NAME")]
+        domain: Option<String>,
+        /// The report as one JSON object
+        #[arg(long)]
+        json: bool,
+        /// Run against the other side on another host, started there with --listen
+        #[arg(long, value_name = "HOST:PORT", conflicts_with = "listen")]
+        peer: Option<String>,
+        /// Be the other side for a `conform --peer` on another host
+        #[arg(long, value_name = "PORT")]
+        listen: Option<u16>,
+        /// The plugin library (default: the one installed or built with this tool)
+        #[arg(long, value_name = "PATH")]
+        plugin: Option<PathBuf>,
+        /// (internal) the other side on this host, started by `conform` itself
+        #[arg(long, value_name = "HOST:PORT", hide = true)]
+        responder_of: Option<String>,
+    },
     /// The NCCL_FABRIC_* settings: this environment's values, validated, and what `auto`
     /// resolves to here; exits 1 on an invalid value
     Settings {
@@ -78,6 +108,23 @@ fn main() -> ExitCode {
             demo::selftest(plugin)
         }
         Command::Demo { plugin } => demo::run(plugin),
+        Command::Conform {
+            provider,
+            domain,
+            json,
+            peer,
+            listen,
+            plugin,
+            responder_of,
+        } => conform::run(conform::Args {
+            provider,
+            domain,
+            json,
+            peer,
+            listen,
+            responder_of,
+            plugin,
+        }),
         Command::Settings { markdown: true } => {
             print!("{}", nccl_net_fabric::settings::markdown_table());
             ExitCode::SUCCESS
