@@ -33,6 +33,9 @@ pub struct Properties {
     pub max_comms: i32,
     /// Buffers one receive may group (`NCCL_FABRIC_MAX_RECVS`).
     pub max_recvs: i32,
+    /// The largest message: the provider's `max_msg_size`, at most [`MAX_MESSAGE_BYTES`]
+    /// (NCCL is told from v9 on: `maxP2pBytes`, `maxCollBytes`).
+    pub max_message: usize,
 }
 
 /// A connect in progress (its steps are in `connection`). Dropping it gives back what it

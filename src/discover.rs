@@ -22,6 +22,43 @@ pub const MR_MODE: i32 = (sys::FI_MR_LOCAL
     | sys::FI_MR_PROV_KEY
     | sys::FI_MR_ENDPOINT) as i32;
 
+/// The smallest `max_msg_size` the plugin accepts: NCCL's steps are 512 KiB with its default
+/// 4 MiB buffers (`NCCL_BUFFSIZE` / 8).
+pub const MIN_MAX_MSG: usize = 512 << 10;
+
+/// Why the plugin cannot use an entry whose attributes ask for what it does not do, if so:
+/// mode bits beyond FI_CONTEXT/FI_CONTEXT2, mr_mode bits beyond [`MR_MODE`], tags too
+/// narrow for its layout, messages smaller than NCCL's steps.
+pub fn attribute_refusal(info: crate::fabric::Info<'_>) -> Option<String> {
+    let mode = info.mode() & !(sys::FI_CONTEXT | sys::FI_CONTEXT2);
+    if mode != 0 {
+        return Some(format!(
+            "it requires mode bits {mode:#x} (info->mode {:#x}); the plugin meets FI_CONTEXT and \
+             FI_CONTEXT2 only",
+            info.mode()
+        ));
+    }
+    let mr = info.mr_mode() & !MR_MODE;
+    if mr != 0 {
+        return Some(format!(
+            "it requires mr_mode bits {mr:#x} (mr_mode {:#x}; FI_MR_RAW is {:#x}); the plugin \
+             honours LOCAL, VIRT_ADDR, ALLOCATED, PROV_KEY, ENDPOINT and HMEM ({MR_MODE:#x})",
+            info.mr_mode(),
+            sys::FI_MR_RAW
+        ));
+    }
+    if let Some(why) = crate::tags::too_few_bits(info.mem_tag_format()) {
+        return Some(why);
+    }
+    (info.max_msg_size() < MIN_MAX_MSG).then(|| {
+        format!(
+            "its largest message is {} bytes (ep_attr->max_msg_size), below NCCL's {} KiB steps",
+            info.max_msg_size(),
+            MIN_MAX_MSG >> 10
+        )
+    })
+}
+
 /// Hints for one pass; `directed`: ask for `FI_DIRECTED_RECV` and `FI_SOURCE` too (receives
 /// bound to their peer, and completions that name the sender, to check it).
 pub fn hints(pass: Pass, directed: bool, settings: &Settings) -> Hints {
@@ -163,7 +200,7 @@ pub fn discover(settings: &Settings) -> Result<Discovery> {
 /// its name says. A provider whose names do not fit NCCL's handle needs another provider to
 /// carry the handshake (see `control_domain`): without one it is refused here.
 fn probe(info: crate::fabric::Info<'_>, settings: &Settings) -> Result<Probed> {
-    if let Some(why) = crate::tags::too_few_bits(info.mem_tag_format()) {
+    if let Some(why) = attribute_refusal(info) {
         return Err(crate::error::Error::NoProvider(why));
     }
     let fabric = Fabric::open(info)?;

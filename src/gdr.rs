@@ -84,6 +84,24 @@ pub fn path_type(gpu: &Path, nic: Option<&Path>) -> PathType {
     }
 }
 
+/// The `NCCL_NET_GDR_LEVEL` in force and how to say it (the INFO line and `doctor` word it
+/// alike).
+fn level_in_force(env: &impl Fn(&str) -> Option<String>) -> (PathType, String) {
+    match env("NCCL_NET_GDR_LEVEL") {
+        Some(v) => match PathType::parse(&v) {
+            Some(l) => (l, format!("NCCL_NET_GDR_LEVEL={v}")),
+            None => (
+                PathType::Pxb,
+                format!("NCCL_NET_GDR_LEVEL={v} (not understood; PXB assumed)"),
+            ),
+        },
+        None => (
+            PathType::Pxb,
+            "NCCL_NET_GDR_LEVEL PXB (default)".to_string(),
+        ),
+    }
+}
+
 /// What `doctor` predicts for one GPU and one device: the path type, the level in force, and
 /// whether NCCL will pass GPU buffers.
 pub fn prediction(
@@ -97,19 +115,7 @@ pub fn prediction(
         .file_name()
         .map_or("?".into(), |n| n.to_string_lossy().into_owned());
     let path = path_type(gpu, nic);
-    let (level, level_text) = match env("NCCL_NET_GDR_LEVEL") {
-        Some(v) => match PathType::parse(&v) {
-            Some(l) => (l, format!("NCCL_NET_GDR_LEVEL={v}")),
-            None => (
-                PathType::Pxb,
-                format!("NCCL_NET_GDR_LEVEL={v} (not understood; PXB assumed)"),
-            ),
-        },
-        None => (
-            PathType::Pxb,
-            "NCCL_NET_GDR_LEVEL PXB (default)".to_string(),
-        ),
-    };
+    let (level, level_text) = level_in_force(&env);
     let head = format!(
         "GPU {gpu_name} - dev {dev}: path {}, {level_text}",
         path.name()
@@ -175,17 +181,28 @@ impl BufferReport {
         if kind == nccl::PTR_CUDA {
             return format!("NCCL passes GPU buffers on dev {dev} ({which})");
         }
-        let level = match env("NCCL_NET_GDR_LEVEL") {
-            Some(v) => format!("NCCL_NET_GDR_LEVEL={v}"),
-            None => "NCCL_NET_GDR_LEVEL (default PXB)".to_string(),
+        let (_, level) = level_in_force(&env);
+        // As `path_type`: a path that does not end in a PCI function (a virtio NIC) is no
+        // PCI path to NCCL either.
+        let function = self.pci_path.as_deref().filter(|p| {
+            Path::new(p)
+                .file_name()
+                .and_then(|f| f.to_str())
+                .is_some_and(crate::nic::is_pci_address)
+        });
+        let at_cpu = |why: String| {
+            format!(
+                "{why}, so NCCL places it at the CPU, farther from every GPU than {level} \
+                 allows: set NCCL_NET_GDR_LEVEL=SYS (or PHB where the GPU and the NIC share a \
+                 CPU), or give the NIC a PCI path"
+            )
         };
-        let place = match &self.pci_path {
-            None => format!(
-                "dev {dev} has no PCI path, so NCCL places it at the CPU, farther from every GPU \
-                 than {level} allows: set NCCL_NET_GDR_LEVEL=SYS (or PHB where the GPU and the \
-                 NIC share a CPU), or give the NIC a PCI path"
-            ),
-            Some(p) => format!(
+        let place = match (&self.pci_path, function) {
+            (None, _) => at_cpu(format!("dev {dev} has no PCI path")),
+            (Some(p), None) => at_cpu(format!(
+                "dev {dev}'s PCI path {p} does not end in a PCI function (a virtual NIC)"
+            )),
+            (Some(_), Some(p)) => format!(
                 "NCCL judged the path from the GPU to {p} longer than {level} allows, or the \
                  GPU or its driver lacks GPUDirect RDMA (NCCL's INFO line 'GPU Direct RDMA \
                  Disabled for GPU … / HCA {dev}' gives the distance): a larger \
@@ -281,12 +298,25 @@ mod tests {
             "{v}"
         );
         assert!(v.contains("no PCI path"), "{v}");
-        assert!(v.contains("NCCL_NET_GDR_LEVEL (default PXB)"), "{v}");
+        assert!(v.contains("NCCL_NET_GDR_LEVEL PXB (default)"), "{v}");
         assert!(v.contains("NCCL_NET_GDR_LEVEL=SYS"), "{v}");
         let set = |k: &str| (k == "NCCL_NET_GDR_LEVEL").then(|| "PIX".to_string());
         assert!(r
             .verdict(Side::Recv, nccl::PTR_HOST, set)
             .contains("NCCL_NET_GDR_LEVEL=PIX"));
+    }
+
+    #[test]
+    fn a_virtual_nic_is_placed_at_the_cpu_as_doctor_says() {
+        let virtio = "/sys/devices/pci0000:00/0000:00:03.0/virtio2";
+        let r = BufferReport::new(0, true, Some(virtio.into()));
+        let v = r.verdict(Side::Recv, nccl::PTR_HOST, none);
+        assert!(v.contains("does not end in a PCI function"), "{v}");
+        assert!(v.contains("NCCL_NET_GDR_LEVEL=SYS"), "{v}");
+        let real = BufferReport::new(0, true, Some("/sys/devices/pci0000:00/0000:00:03.0".into()));
+        let v = real.verdict(Side::Recv, nccl::PTR_HOST, none);
+        assert!(v.contains("NCCL judged the path"), "{v}");
+        assert!(v.contains("NCCL_NET_GDR_LEVEL PXB (default)"), "{v}");
     }
 
     #[test]

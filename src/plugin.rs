@@ -176,7 +176,18 @@ fn open_devices(
             latency_us: 0.0,
             max_comms: MAX_COMMS,
             max_recvs: settings.max_recvs as i32,
+            max_message: info.max_msg_size().min(crate::device::MAX_MESSAGE_BYTES),
         };
+        if props.max_message < crate::device::MAX_MESSAGE_BYTES {
+            tracing::info!(
+                "dev {index} {}: {} carries messages of at most {} bytes (max_msg_size): NCCL is \
+                 told so (maxP2pBytes, maxCollBytes, from the v9 table on); keep NCCL_BUFFSIZE \
+                 at most 8 times that",
+                c.domain,
+                c.provider,
+                props.max_message
+            );
+        }
         // With GPU buffers allowed, every endpoint must answer as the probe did.
         let expected_answer = c
             .setopt

@@ -120,28 +120,68 @@ fn conform_passes_on_every_provider() {
     }
 }
 
-/// A provider whose tags are too narrow (a preload narrows every fi_getinfo entry to 16
-/// bits): the plugin's choice fails, naming the tags, and the tool exits 1.
-#[test]
-fn conform_names_a_provider_whose_tags_are_too_narrow() {
-    let shim = common::preload_library("narrow_tags");
+/// Runs conform over tcp;ofi_rxm with the attribute shim (`tests/fault/attrs.c`) set by
+/// `shim`: the report and the exit code.
+fn with_attributes(shim: &[(&str, &str)], checks: &str) -> (Value, Option<i32>) {
+    let lib = common::preload_library("attrs");
     let mut c = tool();
     c.args(["--provider", "tcp;ofi_rxm", "--json"])
         .env("NCCL_FABRIC_DOMAINS", "lo")
-        .env("LD_PRELOAD", &shim)
-        .env("NFAB_TAG_BITS", "16");
+        .env("LD_PRELOAD", &lib)
+        .env("NFAB_CONFORM_CHECKS", checks)
+        .envs(shim.iter().copied());
     let out = run_command(&mut c, Duration::from_secs(120));
-    let v = report(&out);
-    let choice = row(&v, "the plugin's choice");
-    assert_eq!(choice["verdict"], "FAIL", "{v:#}");
+    (report(&out), out.status.code())
+}
+
+/// Providers that ask for what the plugin does not do: each is refused with the reason in
+/// the choice row, and the tool exits 1.
+#[test]
+fn conform_names_the_attribute_a_provider_lacks() {
+    for (shim, reason) in [
+        (("NFAB_SHIM_TAG_BITS", "16"), "its tags have 16 bits"),
+        (
+            ("NFAB_SHIM_MAX_MSG", "65536"),
+            "its largest message is 65536 bytes",
+        ),
+        (
+            ("NFAB_SHIM_MODE", "0x400000000000000"),
+            "it requires mode bits 0x400000000000000",
+        ),
+        (("NFAB_SHIM_MR_MODE", "0x8"), "it requires mr_mode bits 0x8"),
+    ] {
+        let (v, code) = with_attributes(&[shim], "none");
+        let choice = row(&v, "the plugin's choice");
+        assert_eq!(choice["verdict"], "FAIL", "{shim:?}: {v:#}");
+        assert!(
+            choice["observed"]
+                .as_str()
+                .is_some_and(|s| s.contains(reason)),
+            "{shim:?}: {choice:#}"
+        );
+        assert_eq!(code, Some(1), "{shim:?}");
+    }
+}
+
+/// A provider whose messages are smaller than the plugin's largest (1 MiB here) is used, and
+/// NCCL is told the size: the row says so and a transfer within it passes.
+#[test]
+fn conform_accepts_a_provider_with_smaller_messages() {
+    let (v, code) = with_attributes(&[("NFAB_SHIM_MAX_MSG", "1048576")], "comms1");
+    let sizes = row(&v, "message sizes");
+    assert_eq!(sizes["verdict"], "pass", "{v:#}");
     assert!(
-        choice["observed"]
+        sizes["observed"]
             .as_str()
-            .is_some_and(|s| s.contains("its tags have 16 bits") && s.contains("needs at least 20")),
-        "{choice:#}"
+            .is_some_and(|s| s.contains("max_msg_size 1048576")),
+        "{sizes:#}"
     );
-    assert_eq!(v["passed"], false);
-    assert_eq!(out.status.code(), Some(1));
+    assert_eq!(
+        row(&v, "1 comm pair(s) each way")["verdict"],
+        "pass",
+        "{v:#}"
+    );
+    assert_eq!(code, Some(0), "{v:#}");
 }
 
 /// A provider whose completion queues fail (the preload of the faults tests, its trigger

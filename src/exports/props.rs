@@ -88,8 +88,8 @@ pub fn v9(p: &Properties, dev: i32) -> PropertiesV9 {
             ndevs: 1,
             devs: [dev, 0, 0, 0],
         },
-        max_p2p_bytes: MAX_MESSAGE_BYTES,
-        max_coll_bytes: MAX_MESSAGE_BYTES,
+        max_p2p_bytes: p.max_message.min(MAX_MESSAGE_BYTES),
+        max_coll_bytes: p.max_message.min(MAX_MESSAGE_BYTES),
     }
 }
 

@@ -189,21 +189,23 @@ pub fn rows() -> Vec<Row> {
             (None, _) => "fewer than 64: NCCL's tag is folded first, then the comm id",
         },
     ));
+    let max = info.max_msg_size();
     out.push(Row::new(
         "message sizes",
-        if info.max_msg_size() >= 1 << 30 {
+        if max >= nccl_net_fabric::discover::MIN_MAX_MSG {
             Verdict::Pass
         } else {
             Verdict::Fail
         },
         true,
         "ep_attr->max_msg_size, tx_attr->inject_size",
-        format!(
-            "max_msg_size {}, inject_size {}",
-            info.max_msg_size(),
-            info.inject_size()
-        ),
-        "NCCL's messages reach its buffer size (4 MiB by default, up to 2 GiB with NCCL_BUFFSIZE)",
+        format!("max_msg_size {max}, inject_size {}", info.inject_size()),
+        if max >= nccl_net_fabric::device::MAX_MESSAGE_BYTES {
+            "as large as any message NCCL sends"
+        } else {
+            "NCCL is told the largest message (maxP2pBytes, maxCollBytes); its steps are \
+             NCCL_BUFFSIZE / 8 (512 KiB by default)"
+        },
     ));
     let (data, control) = info.progress();
     let word = |p: sys::fi_progress| {

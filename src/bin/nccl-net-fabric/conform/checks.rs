@@ -272,7 +272,7 @@ pub const SIZES: &[(usize, usize, usize)] = &[
     (4 << 10, 128, 32),
     (64 << 10, 128, 32),
     (1 << 20, 64, 32),
-    (8 << 20, 16, 8),
+    (8 << 20, 32, 32),
 ];
 
 /// 1, 16 or 256 comm pairs at once, a message on each, then closed.
