@@ -26,7 +26,7 @@ use crate::sys;
 use crate::tags::Tags;
 use parking_lot::Mutex;
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Weak};
 use std::time::Duration;
 
@@ -67,6 +67,8 @@ pub struct Lane {
     users: AtomicUsize,
     /// When the last user left (a shared lane lingering in its slot).
     idle_since: Mutex<Option<std::time::Instant>>,
+    /// When an NCCL call last drove the lane (`control::now_ms`).
+    last_call: AtomicU64,
     pool: Weak<LanePool>,
     /// Its place in the pool (`None`: a lane of one comm).
     slot: Option<usize>,
@@ -84,6 +86,8 @@ impl Lane {
         if self.threaded {
             return self.enqueue(post).map(|_| None);
         }
+        self.last_call
+            .store(crate::control::now_ms(), Ordering::Relaxed);
         let back = match self.link.try_lock() {
             Some(mut link) => match &mut *link {
                 Link::Caller(d) => d.post_now(post)?,
@@ -143,6 +147,8 @@ impl Lane {
     /// returned.
     pub fn drive(&self) -> Result<()> {
         if !self.threaded {
+            self.last_call
+                .store(crate::control::now_ms(), Ordering::Relaxed);
             if let Some(mut link) = self.link.try_lock() {
                 if let Link::Caller(d) = &mut *link {
                     d.turn()?;
@@ -154,6 +160,23 @@ impl Lane {
 
     pub fn health(&self) -> &Health {
         &self.health
+    }
+
+    /// The control thread's turn for a lane NCCL's calls drive: taken only when no call drove
+    /// it for [`NUDGE`] and the provider holds operations of it, and never waited for (a call
+    /// driving it now is the turn).
+    fn nudge(&self) {
+        let since = crate::control::now_ms().saturating_sub(self.last_call.load(Ordering::Relaxed));
+        if since < NUDGE.as_millis() as u64 {
+            return;
+        }
+        if let Some(mut link) = self.link.try_lock() {
+            if let Link::Caller(d) = &mut *link {
+                if d.in_flight() > 0 {
+                    let _ = d.turn();
+                }
+            }
+        }
     }
 
     /// A random comm id, unique on this lane until it is forgotten (see [`Lane::lease_id`]).
@@ -284,7 +307,16 @@ pub struct LaneConfig {
     /// How long a shared lane stays open once its last user has gone (zero: closes at once).
     pub linger: Duration,
     pub schedule: Schedule,
+    /// Whether the control thread gives lanes that NCCL's calls drive a turn when no call
+    /// came for [`NUDGE`] (off where only NCCL's threads may drive the provider: see
+    /// `quirks::progress_needs_cuda_context`).
+    pub nudge: bool,
 }
+
+/// How long a lane that NCCL's calls drive may go without a turn while the provider holds
+/// its operations before the control thread gives it one: a provider that moves data only
+/// inside calls (manual progress: rxm, rxd, ucx) keeps moving it while NCCL makes none.
+pub const NUDGE: Duration = Duration::from_millis(20);
 
 /// One role's shared lanes, and which one the next comm gets.
 type RoleSlots = (Vec<Option<Arc<Lane>>>, usize);
@@ -489,6 +521,20 @@ impl LanePool {
         }
     }
 
+    /// Gives `lane` the control thread's turn every [`NUDGE`] while lane and pool exist.
+    fn keep_nudging(self: &Arc<Self>, lane: Weak<Lane>) {
+        let pool = Arc::downgrade(self);
+        (self.config.schedule)(
+            NUDGE,
+            Box::new(move || {
+                if let (Some(pool), Some(l)) = (pool.upgrade(), lane.upgrade()) {
+                    l.nudge();
+                    pool.keep_nudging(lane);
+                }
+            }),
+        );
+    }
+
     fn open(self: &Arc<Self>, role: Role, slot: Option<usize>) -> Result<Arc<Lane>> {
         let c = &self.config;
         let domain = c.domain.sibling()?;
@@ -528,9 +574,13 @@ impl LanePool {
             peers: Mutex::new(HashMap::new()),
             users: AtomicUsize::new(1),
             idle_since: Mutex::new(None),
+            last_call: AtomicU64::new(crate::control::now_ms()),
             pool: Arc::downgrade(self),
             slot,
         });
+        if !threaded && c.nudge {
+            self.keep_nudging(Arc::downgrade(&lane));
+        }
         let mut members = self.members.lock();
         members.retain(|l| l.strong_count() > 0);
         members.push(Arc::downgrade(&lane));

@@ -195,8 +195,11 @@ fn open_devices(
             .and_then(Result::ok)
             .filter(|_| decision.gpu);
         let close_after = Duration::from_millis(settings.close_timeout_ms);
-        let threaded = settings.progress_thread
-            && !(decision.gpu && crate::quirks::progress_needs_cuda_context(&c.provider));
+        // Only NCCL's threads may drive such a provider with GPU buffers: no progress
+        // threads, and no turns from the control thread.
+        let nccl_threads_only =
+            decision.gpu && crate::quirks::progress_needs_cuda_context(&c.provider);
+        let threaded = settings.progress_thread && !nccl_threads_only;
         if settings.progress_thread && !threaded {
             tracing::info!(
                 "dev {index} {}: no progress threads: {} copies GPU buffers with the CUDA API \
@@ -217,6 +220,7 @@ fn open_devices(
             adopt: Box::new(move |d| crate::control::adopt(d, Instant::now() + close_after)),
             linger: Duration::from_millis(settings.linger_ms),
             schedule: Box::new(crate::control::later),
+            nudge: !nccl_threads_only,
         });
         let liveness = Liveness {
             timeout: Duration::from_millis(settings.peer_timeout_ms),

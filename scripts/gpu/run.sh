@@ -20,6 +20,8 @@
 #   torch        torch.distributed all-reduce, 2 processes (torchrun), result checked
 #   torchbw      all-reduce bandwidth at 1 GiB through torch.distributed (torchrun, 2 processes):
 #                Socket (as shipped and 4 threads x 4 sockets), tcp;ofi_rxm, shm; CPU and RSS
+#   torchhosts   torchbw, idle and churn as two hosts on one GPU (AS_HOSTS=1, MPS): Socket as
+#                shipped, 4x4, 2x8 and the plugin with no NCCL_FABRIC_* set
 #   churn        40 process groups created, used and destroyed one after another (torchrun,
 #                2 processes): Socket, tcp;ofi_rxm, shm
 #   latency      8-byte all_reduce_perf (-g 2, 2000 iterations): Socket, tcp;ofi_rxm, shm
@@ -499,6 +501,28 @@ stage_torchbw() {
     torchrun_measured torchbw-socket4x4 scripts/gpu/torch_bw.py $(socket) NCCL_SOCKET_NTHREADS=4 NCCL_NSOCKS_PERTHREAD=4
     torchrun_measured torchbw-rxm scripts/gpu/torch_bw.py $(fabric) NCCL_FABRIC_PROVIDER="tcp;ofi_rxm"
     torchrun_measured torchbw-shm scripts/gpu/torch_bw.py $(fabric) NCCL_FABRIC_PROVIDER=shm
+  } >>"$summary"
+}
+
+# torchhosts: the torch stages in the two-hosts shape (AS_HOSTS=1: NCCL_HOSTID per rank, one
+# GPU under MPS): 1 GiB all-reduce bandwidth for Socket as shipped, 4x4, 2x8 and the plugin
+# with no NCCL_FABRIC_* set; idle cores and RSS; 40 process groups one after another.
+stage_torchhosts() {
+  plugin_env
+  start_mps
+  local fab=(NCCL_NET=Fabric NCCL_NET_PLUGIN="$PLUGIN_LIB/libnccl-net-fabric.so")
+  {
+    echo
+    echo "## torch.distributed as two hosts on one GPU (torchrun, 2 processes, AS_HOSTS=1), P2P and SHM off"
+    echo
+    torchrun_measured torchhosts-bw-socket scripts/gpu/torch_bw.py AS_HOSTS=1 $(socket)
+    torchrun_measured torchhosts-bw-socket4x4 scripts/gpu/torch_bw.py AS_HOSTS=1 $(socket) NCCL_SOCKET_NTHREADS=4 NCCL_NSOCKS_PERTHREAD=4
+    torchrun_measured torchhosts-bw-socket2x8 scripts/gpu/torch_bw.py AS_HOSTS=1 $(socket) NCCL_SOCKET_NTHREADS=2 NCCL_NSOCKS_PERTHREAD=8
+    torchrun_measured torchhosts-bw-fabric scripts/gpu/torch_bw.py AS_HOSTS=1 "${fab[@]}"
+    torchrun_measured torchhosts-idle-socket scripts/gpu/torch_idle.py AS_HOSTS=1 $(socket)
+    torchrun_measured torchhosts-idle-fabric scripts/gpu/torch_idle.py AS_HOSTS=1 "${fab[@]}"
+    torchrun_measured torchhosts-churn-socket scripts/gpu/torch_churn.py AS_HOSTS=1 $(socket)
+    torchrun_measured torchhosts-churn-fabric scripts/gpu/torch_churn.py AS_HOSTS=1 "${fab[@]}"
   } >>"$summary"
 }
 

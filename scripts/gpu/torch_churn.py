@@ -17,7 +17,11 @@ import torch.distributed as dist
 
 def main() -> int:
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
-    torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", rank)))
+    # AS_HOSTS=1: every rank a host of its own to NCCL (NCCL_HOSTID) on the GPUs there are,
+    # as two hosts on one GPU under MPS.
+    if os.environ.get("AS_HOSTS") == "1":
+        os.environ["NCCL_HOSTID"] = f"h{rank}"
+    torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", rank)) % torch.cuda.device_count())
     rounds = int(os.environ.get("ROUNDS", "40"))
     base = dist.TCPStore(
         os.environ["MASTER_ADDR"],

@@ -18,7 +18,11 @@ def cpu() -> float:
 
 def main() -> None:
     rank = int(os.environ["RANK"])
-    torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", rank)))
+    # AS_HOSTS=1: every rank a host of its own to NCCL (NCCL_HOSTID) on the GPUs there are,
+    # as two hosts on one GPU under MPS.
+    if os.environ.get("AS_HOSTS") == "1":
+        os.environ["NCCL_HOSTID"] = f"h{rank}"
+    torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", rank)) % torch.cuda.device_count())
     idle = float(os.environ.get("IDLE", "10"))
     dist.init_process_group("nccl")
     x = torch.ones(64 << 18, device="cuda")
