@@ -10,24 +10,9 @@ import sys
 import threading
 import time
 
+from measure import descendants
+
 TICK = os.sysconf("SC_CLK_TCK")
-
-
-def descendants(root: int) -> list:
-    parent = {}
-    for name in os.listdir("/proc"):
-        if name.isdigit():
-            try:
-                with open(f"/proc/{name}/stat") as f:
-                    parent[int(name)] = int(f.read().rsplit(")", 1)[1].split()[1])
-            except (OSError, IndexError, ValueError):
-                pass
-    tree, todo = [], [root]
-    while todo:
-        pid = todo.pop()
-        tree.append(pid)
-        todo.extend(p for p, pp in parent.items() if pp == pid)
-    return tree
 
 
 def sample(root: int, seen: dict) -> None:

@@ -9,7 +9,7 @@ use nccl_net_fabric::settings::Settings;
 use std::fmt::Write as _;
 use std::process::ExitCode;
 
-fn json_str(s: &str) -> String {
+pub(crate) fn json_str(s: &str) -> String {
     let mut out = String::from("\"");
     for c in s.chars() {
         match c {

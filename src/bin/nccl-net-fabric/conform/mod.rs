@@ -12,6 +12,7 @@ mod cuda;
 mod link;
 mod raw;
 
+use crate::doctor::json_str;
 use checks::Ctx;
 use link::Link;
 use nccl_net_host::PluginLib;
@@ -449,22 +450,6 @@ fn run_checks(ctx: &mut Ctx, capture: &Capture) -> Vec<Row> {
     }
     let _ = ctx.link.send(&["BYE"]);
     rows
-}
-
-fn json_str(s: &str) -> String {
-    let mut out = String::from("\"");
-    for c in s.chars() {
-        match c {
-            '"' => out.push_str("\\\""),
-            '\\' => out.push_str("\\\\"),
-            c if (c as u32) < 0x20 => {
-                let _ = write!(out, "\\u{:04x}", c as u32);
-            }
-            c => out.push(c),
-        }
-    }
-    out.push('"');
-    out
 }
 
 /// Prints the report; exit 0 when every check NCCL needs passed.
