@@ -12,7 +12,10 @@ use nccl_net_host::{handle_from_hex, handle_to_hex, PluginLib, Ptr};
 use std::collections::VecDeque;
 use std::time::{Duration, Instant};
 
-const CHILD_TIMEOUT: Duration = Duration::from_secs(120);
+/// How long a child may run, stretched by `NFAB_SLOW` (valgrind).
+fn child_timeout() -> Duration {
+    common::scaled(120.0)
+}
 /// Sizes every transfer test covers: empty, tiny, odd, and 4 KiB … 8 MiB.
 const SIZES: &[usize] = &[
     0,
@@ -28,8 +31,9 @@ const SIZES: &[usize] = &[
 ];
 const IN_FLIGHT: usize = 8;
 
+/// `secs` from now, stretched by `NFAB_SLOW` (valgrind).
 fn deadline(secs: u64) -> Instant {
-    Instant::now() + Duration::from_secs(secs)
+    Instant::now() + common::scaled(secs as f64)
 }
 
 fn init() -> PluginLib {
@@ -224,7 +228,7 @@ fn for_each_provider(child: &str, extra: &[(&str, &str)]) {
     {
         let mut env = provider_env(p);
         env.extend(extra.iter().map(|(k, v)| (k.to_string(), v.to_string())));
-        let f = run_child(child, &env, CHILD_TIMEOUT);
+        let f = run_child(child, &env, child_timeout());
         assert!(
             f.success && f.result("ok").is_some(),
             "{child} over {p} failed\n--- stdout\n{}\n--- stderr\n{}",
@@ -246,7 +250,7 @@ fn two_ranks_on_threads_with_hmem_forced_on_shm() {
     let mut env = provider_env("shm");
     env.push(("NCCL_FABRIC_HMEM".into(), "force".into()));
     env.push(("NCCL_DEBUG".into(), "INFO".into()));
-    let f = run_child("child_two_ranks_threads", &env, CHILD_TIMEOUT);
+    let f = run_child("child_two_ranks_threads", &env, child_timeout());
     assert!(
         f.success && f.result("ok").is_some(),
         "--- stdout\n{}\n--- stderr\n{}",
@@ -318,8 +322,8 @@ fn child_process_rank() {
 
 /// Starts two rank processes and hands each the other's handle.
 fn process_pair(child: &str, env: &[(String, String)]) -> (ChildTest, ChildTest) {
-    let mut a = spawn_child(child, env, CHILD_TIMEOUT);
-    let mut b = spawn_child(child, env, CHILD_TIMEOUT);
+    let mut a = spawn_child(child, env, child_timeout());
+    let mut b = spawn_child(child, env, child_timeout());
     let ha = a.read_result("handle");
     let hb = b.read_result("handle");
     a.send_line(&hb);
@@ -487,7 +491,7 @@ fn two_processes_over_ucx() {
             ("NCCL_FABRIC_PROGRESS_THREAD", "yes"),
         ],
     );
-    let (a, b) = pair_on_hosts(&hosts, "child_process_rank", &env, CHILD_TIMEOUT);
+    let (a, b) = pair_on_hosts(&hosts, "child_process_rank", &env, child_timeout());
     for (name, f) in [("a", a.finish()), ("b", b.finish())] {
         assert!(
             f.success,
@@ -510,7 +514,7 @@ fn two_processes_on_two_hosts() {
         for threads in ["no", "yes"] {
             let hosts = Hosts::new(2);
             let env = host_env(p, &[("NCCL_FABRIC_PROGRESS_THREAD", threads)]);
-            let (a, b) = pair_on_hosts(&hosts, "child_process_rank", &env, CHILD_TIMEOUT);
+            let (a, b) = pair_on_hosts(&hosts, "child_process_rank", &env, child_timeout());
             for (name, f) in [("a", a.finish()), ("b", b.finish())] {
                 assert!(
                     f.success,
@@ -633,7 +637,7 @@ fn sixteen_comm_pairs_over_three_lanes() {
         ] {
             env.push((k.into(), v.into()));
         }
-        let f = run_child("child_sixteen_pairs", &env, CHILD_TIMEOUT);
+        let f = run_child("child_sixteen_pairs", &env, child_timeout());
         assert!(
             f.success && f.result("ok").is_some(),
             "lanes over {p} failed\n--- stdout\n{}\n--- stderr\n{}",
@@ -851,7 +855,7 @@ fn an_mhandle_of_another_comm_is_refused() {
     let f = run_child(
         "child_foreign_mhandle",
         &provider_env("tcp;ofi_rxm"),
-        CHILD_TIMEOUT,
+        child_timeout(),
     );
     assert!(
         f.success && f.result("ok").is_some(),
@@ -910,7 +914,7 @@ fn child_truncated() {
 #[test]
 fn receive_smaller_than_send_is_an_error() {
     for p in data_providers() {
-        let f = run_child("child_truncated", &provider_env(p), CHILD_TIMEOUT);
+        let f = run_child("child_truncated", &provider_env(p), child_timeout());
         assert!(f.success, "over {p}\n{}\n{}", f.stdout, f.stderr);
         assert_eq!(
             f.result("truncated"),
@@ -1056,7 +1060,7 @@ fn a_stalled_request_is_reported_once() {
     for p in data_providers() {
         let mut env = provider_env(p);
         env.push(("NCCL_FABRIC_STALL_WARN_MS".into(), "200".into()));
-        let f = run_child_ok("child_stall_warning", &env, CHILD_TIMEOUT);
+        let f = run_child_ok("child_stall_warning", &env, child_timeout());
         let warns = f.stderr.matches("has not finished after").count();
         assert_eq!(warns, 1, "over {p}: {}", f.stderr);
         assert!(
@@ -1141,8 +1145,8 @@ fn child_survivor() {
 #[test]
 fn peer_killed_mid_transfer() {
     for (p, env) in provider_envs() {
-        let mut survivor = spawn_child("child_survivor", &env, CHILD_TIMEOUT);
-        let mut victim = spawn_child("child_victim", &env, CHILD_TIMEOUT);
+        let mut survivor = spawn_child("child_survivor", &env, child_timeout());
+        let mut victim = spawn_child("child_victim", &env, child_timeout());
         let hs = survivor.read_result("handle");
         let hv = victim.read_result("handle");
         survivor.send_line(&hv);
