@@ -487,6 +487,10 @@ fn two_processes_over_ucx() {
             ("UCX_TLS", "tcp,self"),
             // UCX prefers IPv6, and the hosts' link-local IPv6 addresses do not connect.
             ("UCX_TCP_AF_PRIO", "inet"),
+            // UCX 1.13's connections across the hosts are at times refused at first (1 run in
+            // 5 gave up after its default 25 tries, "reached maximum number of connection
+            // retries"); UCX's own advice is to raise the count.
+            ("UCX_TCP_MAX_CONN_RETRIES", "255"),
             ("NCCL_DEBUG", "INFO"),
             ("NCCL_FABRIC_PROGRESS_THREAD", "yes"),
         ],
