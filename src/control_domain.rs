@@ -108,10 +108,11 @@ fn rank(
         (0, "the data domain's own interface".to_string())
     } else if listed {
         (1, "named in NCCL_FABRIC_DOMAINS".to_string())
-    } else if socket_ifname(ifname, domain) == Some(true) {
+    } else if let Some(chosen) = socket_ifname(ifname, domain) {
+        if !chosen {
+            return None;
+        }
         (2, "NCCL_SOCKET_IFNAME's interface".to_string())
-    } else if socket_ifname(ifname, domain) == Some(false) {
-        return None;
     } else if !loopback {
         (3, "the first interface that is not loopback".to_string())
     } else {
@@ -148,14 +149,11 @@ pub fn find(data_domain: &str, reason: &str, settings: &Settings) -> Result<Rout
             .iter()
             .filter(|i| i.provider() == *provider)
             .filter_map(|i| {
-                let src = i.src_socket_address();
-                let loopback =
-                    sysfs.is_loopback(&i.domain()) || src.is_some_and(|a| a.ip().is_loopback());
-                let ipv4 = matches!(src, Some(std::net::SocketAddr::V4(_)));
+                let ipv4 = matches!(i.src_socket_address(), Some(std::net::SocketAddr::V4(_)));
                 rank(
                     &i.domain(),
                     data_domain,
-                    loopback,
+                    i.loopback(&sysfs),
                     ipv4,
                     settings,
                     ifname.as_deref(),

@@ -5,7 +5,7 @@
 //! and takes providers without it only where none with it exists. Every admissible entry gets a probe
 //! endpoint whose `FI_OPT_CUDA_API_PERMITTED=false` answer is recorded.
 
-use crate::control_domain;
+use crate::control_domain::{self, Route};
 use crate::endpoint::Endpoint;
 use crate::error::Result;
 use crate::fabric::{runtime_version, Domain, Fabric, Hints, InfoList};
@@ -13,6 +13,7 @@ use crate::nic::Sysfs;
 use crate::provider::{admissible, Candidate, Names, Pass};
 use crate::settings::Settings;
 use crate::sys;
+use std::sync::Arc;
 
 /// mr_mode bits the plugin can honour.
 pub const MR_MODE: i32 = (sys::FI_MR_LOCAL
@@ -90,9 +91,17 @@ pub struct Discovery {
     lists: Vec<InfoList>,
     /// Per candidate: which list, which entry.
     at: Vec<(usize, usize)>,
+    /// Per candidate: where its control endpoints live when not on its domain (found by its
+    /// probe, see `control_domain`).
+    routes: Vec<Option<Arc<Route>>>,
 }
 
 impl Discovery {
+    /// Where candidate `index`'s control endpoints live, when not on its own domain.
+    pub fn control_route(&self, index: usize) -> Option<&Arc<Route>> {
+        self.routes[index].as_ref()
+    }
+
     /// The `fi_info` entry behind candidate `index`.
     pub fn info(&self, index: usize) -> crate::fabric::Info<'_> {
         let (list, entry) = self.at[index];
@@ -111,6 +120,7 @@ type ProbeKey = (Pass, String, String);
 struct Probed {
     setopt: i32,
     names: Names,
+    route: Option<Arc<Route>>,
 }
 
 /// Runs both passes. Each asks first for `FI_DIRECTED_RECV` (receives bound to their peer)
@@ -121,6 +131,7 @@ pub fn discover(settings: &Settings) -> Result<Discovery> {
     let mut candidates = Vec::new();
     let mut lists = Vec::new();
     let mut at = Vec::new();
+    let mut routes = Vec::new();
     let mut probed: Vec<(ProbeKey, Result<Probed, String>)> = Vec::new();
     let sysfs = Sysfs::default();
     for pass in [Pass::Hmem, Pass::Host] {
@@ -138,8 +149,7 @@ pub fn discover(settings: &Settings) -> Result<Discovery> {
                     mr_mode: info.mr_mode(),
                     api_version: info.api_version(),
                     src,
-                    loopback: sysfs.is_loopback(&info.domain())
-                        || src.is_some_and(|a| a.ip().is_loopback()),
+                    loopback: info.loopback(&sysfs),
                     setopt: None,
                     names: None,
                 };
@@ -151,6 +161,7 @@ pub fn discover(settings: &Settings) -> Result<Discovery> {
                 if !directed && seen {
                     continue;
                 }
+                let mut route = None;
                 if admissible(&c.provider, &c.domain, settings).is_ok() {
                     // One probe per provider, domain and pass: entries that differ only in
                     // address format (IPv4, IPv6, link-local …) get the same answer, and an
@@ -165,7 +176,10 @@ pub fn discover(settings: &Settings) -> Result<Discovery> {
                         }
                     };
                     c.setopt = Some(answer.clone().map(|p| p.setopt));
-                    c.names = answer.ok().map(|p| p.names);
+                    if let Ok(p) = answer {
+                        c.names = Some(p.names);
+                        route = p.route;
+                    }
                 }
                 tracing::trace!(
                     "candidate {} / {} / {} ({:?} pass): caps {:#x}, mr_mode {:#x}, \
@@ -184,6 +198,7 @@ pub fn discover(settings: &Settings) -> Result<Discovery> {
                 );
                 candidates.push(c);
                 at.push((lists.len(), entry));
+                routes.push(route);
             }
             lists.push(list);
         }
@@ -193,6 +208,7 @@ pub fn discover(settings: &Settings) -> Result<Discovery> {
         candidates,
         lists,
         at,
+        routes,
     })
 }
 
@@ -206,8 +222,12 @@ fn probe(info: crate::fabric::Info<'_>, settings: &Settings) -> Result<Probed> {
     let fabric = Fabric::open(info)?;
     let domain = Domain::open(&fabric, info)?;
     let (ep, _queue) = Endpoint::open(&domain, None)?;
-    let control_elsewhere = match control_domain::needed(ep.name.len(), settings) {
-        Some(reason) => Some(control_domain::find(&info.domain(), &reason, settings)?.why),
+    let route = match control_domain::needed(ep.name.len(), settings) {
+        Some(reason) => Some(Arc::new(control_domain::find(
+            &info.domain(),
+            &reason,
+            settings,
+        )?)),
         None => None,
     };
     Ok(Probed {
@@ -215,7 +235,8 @@ fn probe(info: crate::fabric::Info<'_>, settings: &Settings) -> Result<Probed> {
         names: Names {
             len: ep.name.len(),
             shape: ep.shape.clone(),
-            control_elsewhere,
+            control_elsewhere: route.as_ref().map(|r| r.why.clone()),
         },
+        route,
     })
 }

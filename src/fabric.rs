@@ -201,6 +201,14 @@ impl<'a> Info<'a> {
         let data = d.data_progress;
         (data, d.control_progress)
     }
+    /// Whether peers on other hosts cannot reach this entry: its domain is a loopback
+    /// interface, or its source address a loopback address.
+    pub fn loopback(&self, sysfs: &crate::nic::Sysfs) -> bool {
+        sysfs.is_loopback(&self.domain())
+            || self
+                .src_socket_address()
+                .is_some_and(|a| a.ip().is_loopback())
+    }
     /// `domain_attr->threading`.
     pub fn threading(&self) -> sys::fi_threading {
         self.domain_attr().threading

@@ -146,15 +146,10 @@ fn open_devices(
         };
         let domain = Domain::open(&fabric, info)?;
         tracing::trace!("dev {index} {}: {}", c.domain, described.text());
-        let control_home = match c
-            .names
-            .as_ref()
-            .and_then(|n| crate::control_domain::needed(n.len, &settings))
-        {
-            Some(reason) => {
-                let route = crate::control_domain::find(&c.domain, &reason, &settings)?;
+        let control_home = match discovery.control_route(ci) {
+            Some(route) => {
                 tracing::info!("dev {index} {}: {}", c.domain, route.why);
-                Some((crate::control_domain::open(&route)?, route.domain))
+                Some((crate::control_domain::open(route)?, route.domain.clone()))
             }
             None => None,
         };
