@@ -26,7 +26,7 @@ use crate::sys;
 use crate::tags::Tags;
 use parking_lot::Mutex;
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Weak};
 use std::time::Duration;
 
@@ -114,9 +114,8 @@ impl Lane {
         let Some(pool) = self.pool.upgrade() else {
             return;
         };
-        let members: Vec<Weak<Lane>> = pool.members.lock().clone();
-        for lane in members.iter().filter_map(Weak::upgrade) {
-            if lane.threaded || std::ptr::eq(&*lane, self) {
+        for lane in pool.driven_by_calls() {
+            if std::ptr::eq(&*lane, self) {
                 continue;
             }
             if let Some(mut link) = lane.link.try_lock() {
@@ -330,6 +329,8 @@ pub struct LanePool {
     members: Mutex<Vec<Weak<Lane>>>,
     /// With a lane per comm: per role, lanes whose comm closed, for the next comms.
     spare: Mutex<[Vec<Arc<Lane>>; 2]>,
+    /// Whether the control thread's turns ([`LanePool::keep_nudging`]) were started.
+    nudging: AtomicBool,
 }
 
 impl Drop for LanePool {
@@ -361,6 +362,7 @@ impl LanePool {
             slots: Mutex::new([(vec![None; n], 0), (vec![None; n], 0)]),
             members: Mutex::new(Vec::new()),
             spare: Mutex::new([Vec::new(), Vec::new()]),
+            nudging: AtomicBool::new(false),
         })
     }
 
@@ -521,15 +523,29 @@ impl LanePool {
         }
     }
 
-    /// Gives `lane` the control thread's turn every [`NUDGE`] while lane and pool exist.
-    fn keep_nudging(self: &Arc<Self>, lane: Weak<Lane>) {
+    /// The pool's lanes that NCCL's calls drive (no progress thread), alive now. The
+    /// members' lock is held only to copy the list.
+    fn driven_by_calls(&self) -> Vec<Arc<Lane>> {
+        let members: Vec<Weak<Lane>> = self.members.lock().clone();
+        members
+            .iter()
+            .filter_map(Weak::upgrade)
+            .filter(|l| !l.threaded)
+            .collect()
+    }
+
+    /// Gives every lane of the pool that NCCL's calls drive the control thread's turn every
+    /// [`NUDGE`], while the pool exists; started with the pool's first such lane.
+    fn keep_nudging(self: &Arc<Self>) {
         let pool = Arc::downgrade(self);
         (self.config.schedule)(
             NUDGE,
             Box::new(move || {
-                if let (Some(pool), Some(l)) = (pool.upgrade(), lane.upgrade()) {
-                    l.nudge();
-                    pool.keep_nudging(lane);
+                if let Some(pool) = pool.upgrade() {
+                    for lane in pool.driven_by_calls() {
+                        lane.nudge();
+                    }
+                    pool.keep_nudging();
                 }
             }),
         );
@@ -578,8 +594,8 @@ impl LanePool {
             pool: Arc::downgrade(self),
             slot,
         });
-        if !threaded && c.nudge {
-            self.keep_nudging(Arc::downgrade(&lane));
+        if !threaded && c.nudge && !self.nudging.swap(true, Ordering::Relaxed) {
+            self.keep_nudging();
         }
         let mut members = self.members.lock();
         members.retain(|l| l.strong_count() > 0);
