@@ -14,7 +14,7 @@ use crate::sys;
 use std::ffi::c_void;
 use std::ptr;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 
 /// Keys requested when the provider does not pick them (process-wide, never repeated).
 static NEXT_KEY: AtomicU64 = AtomicU64::new(1);
@@ -119,17 +119,18 @@ impl Drop for MemoryRegion {
     }
 }
 
-/// The CUDA device a GPU buffer lives on, asked of the CUDA driver NCCL already loaded
-/// (`cuPointerGetAttribute`, a query that neither allocates nor synchronises), once per
-/// registration (`regMr`), never on the data path. The CUDA runtime loads `libcuda.so.1`
-/// privately (not into the global namespace), so the driver is looked up by name among the
-/// loaded objects (`RTLD_NOLOAD`: never loaded here). 0 when it is not loaded.
-pub fn cuda_device_of(address: usize) -> i32 {
-    const CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL: i32 = 9;
-    type GetAttr = unsafe extern "C" fn(*mut c_void, i32, usize) -> i32;
-    // SAFETY: RTLD_NOLOAD only returns a handle to an object already loaded (adding a
-    // reference, which is kept: the driver stays loaded for the process's life anyway);
-    // dlsym on it or on RTLD_DEFAULT only looks a symbol up.
+/// The CUDA driver's `cuPointerGetAttribute`, once found. The CUDA runtime loads
+/// `libcuda.so.1` privately (not into the global namespace), so the driver is looked up by
+/// name among the loaded objects (`RTLD_NOLOAD`: never loaded here); kept once found, looked
+/// for again while it is not.
+fn pointer_get_attribute() -> Option<usize> {
+    static FOUND: OnceLock<usize> = OnceLock::new();
+    if let Some(&f) = FOUND.get() {
+        return Some(f);
+    }
+    // SAFETY: RTLD_NOLOAD only returns a handle to an object already loaded (its reference
+    // is kept: the driver stays loaded for the process's life); dlsym on it or on
+    // RTLD_DEFAULT only looks a symbol up.
     let sym = unsafe {
         let handle = libc::dlopen(c"libcuda.so.1".as_ptr(), libc::RTLD_NOW | libc::RTLD_NOLOAD);
         let scope = if handle.is_null() {
@@ -139,15 +140,24 @@ pub fn cuda_device_of(address: usize) -> i32 {
         };
         libc::dlsym(scope, c"cuPointerGetAttribute".as_ptr())
     };
-    if sym.is_null() {
+    (!sym.is_null()).then(|| *FOUND.get_or_init(|| sym as usize))
+}
+
+/// The CUDA device a GPU buffer lives on, asked of the CUDA driver NCCL already loaded
+/// (`cuPointerGetAttribute`, a query that neither allocates nor synchronises), once per
+/// registration (`regMr`), never on the data path. 0 when the driver is not loaded.
+pub fn cuda_device_of(address: usize) -> i32 {
+    const CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL: i32 = 9;
+    type GetAttr = unsafe extern "C" fn(*mut c_void, i32, usize) -> i32;
+    let Some(sym) = pointer_get_attribute() else {
         tracing::warn!(
             "CUDA buffer registered but the CUDA driver is not loaded: assuming device 0"
         );
         return 0;
-    }
+    };
     // SAFETY: the symbol is the CUDA driver's cuPointerGetAttribute, whose signature is
     // CUresult (void* data, CUpointer_attribute attribute, CUdeviceptr ptr).
-    let get: GetAttr = unsafe { std::mem::transmute::<*mut c_void, GetAttr>(sym) };
+    let get: GetAttr = unsafe { std::mem::transmute::<usize, GetAttr>(sym) };
     let mut device: i32 = 0;
     // SAFETY: device is a valid int out-parameter for DEVICE_ORDINAL.
     let r = unsafe {

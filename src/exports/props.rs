@@ -1,6 +1,6 @@
 //! `getProperties` in the layout of each version, from the version-free [`Properties`].
 
-use crate::device::{Properties, MAX_MESSAGE_BYTES};
+use crate::device::Properties;
 use crate::nccl::{
     PropertiesV11, PropertiesV12, PropertiesV6, PropertiesV7, PropertiesV8, PropertiesV9,
     VDevicePropsV11, VDevicePropsV12, NET_DEVICE_HOST, NET_DEVICE_INVALID_VERSION,
@@ -88,8 +88,8 @@ pub fn v9(p: &Properties, dev: i32) -> PropertiesV9 {
             ndevs: 1,
             devs: [dev, 0, 0, 0],
         },
-        max_p2p_bytes: p.max_message.min(MAX_MESSAGE_BYTES),
-        max_coll_bytes: p.max_message.min(MAX_MESSAGE_BYTES),
+        max_p2p_bytes: p.max_message,
+        max_coll_bytes: p.max_message,
     }
 }
 
