@@ -331,6 +331,21 @@ fn process_pair(child: &str, env: &[(String, String)]) -> (ChildTest, ChildTest)
     (a, b)
 }
 
+/// Two `child_process_rank` processes with `env`, both finished and successful (`what` names
+/// the run in the failure): each rank's name and outcome, for further checks.
+fn ranks_over(env: &[(String, String)], what: &str) -> [(&'static str, common::Finished); 2] {
+    let (a, b) = process_pair("child_process_rank", env);
+    let ranks = [("a", a.finish()), ("b", b.finish())];
+    for (name, f) in &ranks {
+        assert!(
+            f.success,
+            "rank {name} over {what} failed\n--- stdout\n{}\n--- stderr\n{}",
+            f.stdout, f.stderr
+        );
+    }
+    ranks
+}
+
 /// Provider environments for two-process tests: each provider with NCCL's calls driving
 /// everything, and with progress threads that post and progress.
 fn provider_envs() -> Vec<(String, Vec<(String, String)>)> {
@@ -347,14 +362,7 @@ fn provider_envs() -> Vec<(String, Vec<(String, String)>)> {
 #[test]
 fn two_processes() {
     for (p, env) in provider_envs() {
-        let (a, b) = process_pair("child_process_rank", &env);
-        for (name, f) in [("a", a.finish()), ("b", b.finish())] {
-            assert!(
-                f.success,
-                "rank {name} over {p} failed\n--- stdout\n{}\n--- stderr\n{}",
-                f.stdout, f.stderr
-            );
-        }
+        ranks_over(&env, &p);
     }
 }
 
@@ -371,13 +379,7 @@ fn two_processes_on_more_providers() {
         for threads in ["no", "yes"] {
             let mut env = provider_env(p);
             env.push(("NCCL_FABRIC_PROGRESS_THREAD".into(), threads.into()));
-            let (a, b) = process_pair("child_process_rank", &env);
-            for (name, f) in [("a", a.finish()), ("b", b.finish())] {
-                assert!(
-                    f.success,
-                    "rank {name} over {p} (progress threads {threads}) failed\n--- stdout\n{}\n--- stderr\n{}",
-                    f.stdout, f.stderr
-                );
+            for (name, f) in ranks_over(&env, &format!("{p} (progress threads {threads})")) {
                 assert!(
                     !f.stderr.contains("NCCL WARN"),
                     "rank {name} over {p}: {}",
@@ -399,13 +401,7 @@ fn two_processes_with_the_handshake_on_another_provider() {
             env.push(("NCCL_FABRIC_PROGRESS_THREAD".into(), threads.into()));
             env.push(("NCCL_FABRIC_CONTROL_PROVIDER".into(), "tcp;ofi_rxm".into()));
             env.push(("NCCL_DEBUG".into(), "INFO".into()));
-            let (a, b) = process_pair("child_process_rank", &env);
-            for (name, f) in [("a", a.finish()), ("b", b.finish())] {
-                assert!(
-                    f.success,
-                    "rank {name} over {p} (progress threads {threads}) failed\n--- stdout\n{}\n--- stderr\n{}",
-                    f.stdout, f.stderr
-                );
+            for (name, f) in ranks_over(&env, &format!("{p} (progress threads {threads})")) {
                 assert!(
                     f.stderr.contains(
                         "NCCL_FABRIC_CONTROL_PROVIDER=tcp;ofi_rxm: the handshake runs over tcp;ofi_rxm on lo"
@@ -466,13 +462,7 @@ fn two_processes_over_ucx() {
         ] {
             env.push((k.into(), v.into()));
         }
-        let (a, b) = process_pair("child_process_rank", &env);
-        for (name, f) in [("a", a.finish()), ("b", b.finish())] {
-            assert!(
-                f.success,
-                "rank {name} over ucx (threads {threads}) failed\n{}\n{}",
-                f.stdout, f.stderr
-            );
+        for (_, f) in ranks_over(&env, &format!("ucx (threads {threads})")) {
             expect_route(&f, "on one host", "lo (NCCL_SOCKET_IFNAME");
         }
     }

@@ -852,7 +852,7 @@ impl PluginLib {
 
 /// Repeats a call that may answer "not yet" (`Ok(None)`) until it gives a value, fails, or
 /// the deadline passes (then a [`CallError`] with code -1), yielding between tries.
-fn until<T>(
+pub fn until<T>(
     call: &'static str,
     deadline: Instant,
     mut f: impl FnMut() -> CallResult<Option<T>>,

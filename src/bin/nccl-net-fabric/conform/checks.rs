@@ -5,7 +5,7 @@
 
 use super::link::Link;
 use nccl_net_fabric::nccl::PTR_HOST;
-use nccl_net_host::{handle_from_hex, handle_to_hex, CallError, PluginLib, Ptr, RecvBuffer};
+use nccl_net_host::{handle_from_hex, handle_to_hex, until, CallError, PluginLib, Ptr, RecvBuffer};
 use std::collections::VecDeque;
 use std::time::{Duration, Instant};
 
@@ -219,25 +219,15 @@ pub fn stream_checked(
         if sending && verify {
             fill(&mut b.bufs[slot][..size], size, i);
         }
-        let req = loop {
-            // SAFETY: the slot's buffer stays allocated and untouched until its request
-            // completes (a slot is reused only after `finish`).
-            let r = unsafe {
-                match sending {
-                    true => lib.isend(comm, ptr.cast(), size as i32, b.mrs[slot]),
-                    false => lib.irecv(comm, ptr.cast(), size as i32, b.mrs[slot]),
-                }
+        // SAFETY: the slot's buffer stays allocated and untouched until its request
+        // completes (a slot is reused only after `finish`).
+        let req = unsafe {
+            match sending {
+                true => lib.isend_until(comm, ptr.cast(), size as i32, b.mrs[slot], deadline),
+                false => lib.irecv_until(comm, ptr.cast(), size as i32, b.mrs[slot], deadline),
             }
-            .map_err(call)?;
-            if let Some(r) = r {
-                break r;
-            }
-            if Instant::now() > deadline {
-                return Err(
-                    "the plugin never took the request (it kept saying: call again)".into(),
-                );
-            }
-        };
+        }
+        .map_err(call)?;
         pending.push_back((req, i));
     }
     while let Some(p) = pending.pop_front() {
@@ -325,26 +315,18 @@ pub fn grouped(ctx: &mut Ctx, deadline: Instant) -> Outcome {
             let tag = TAGS[k];
             fill(&mut b.bufs[k], SIZE, tag as usize);
             let ptr = b.bufs[k].as_mut_ptr();
-            let req = loop {
-                // SAFETY: the buffer outlives the request (waited for below).
-                let r = unsafe {
-                    lib.isend_tagged(
-                        s[0],
-                        ptr.cast(),
-                        SIZE,
-                        tag,
-                        b.mrs[k],
-                        Ptr(std::ptr::null_mut()),
-                    )
-                }
-                .map_err(call)?;
-                if let Some(r) = r {
-                    break r;
-                }
-                if Instant::now() > deadline {
-                    return Err("isend never taken".into());
-                }
-            };
+            // SAFETY: the buffer outlives the request (waited for below).
+            let req = until("isend", deadline, || unsafe {
+                lib.isend_tagged(
+                    s[0],
+                    ptr.cast(),
+                    SIZE,
+                    tag,
+                    b.mrs[k],
+                    Ptr(std::ptr::null_mut()),
+                )
+            })
+            .map_err(call)?;
             reqs.push(req);
         }
         for q in reqs {
@@ -362,24 +344,12 @@ pub fn grouped(ctx: &mut Ctx, deadline: Instant) -> Outcome {
                 phandle: Ptr(std::ptr::null_mut()),
             })
             .collect();
-        let req = loop {
-            // SAFETY: the buffers outlive the request (tested to completion below).
-            if let Some(q) = unsafe { lib.irecv_group(r[0], &group) }.map_err(call)? {
-                break q;
-            }
-            if Instant::now() > deadline {
-                return Err("the grouped irecv was never taken".into());
-            }
-        };
-        let sizes = loop {
-            if let Some(sz) = lib.test_group(req, 8).map_err(call)? {
-                break sz;
-            }
-            if Instant::now() > deadline {
-                return Err("the grouped receive did not complete".into());
-            }
-        };
-        let _ = &mut b;
+        // SAFETY: the buffers outlive the request (tested to completion below).
+        let req = until("irecv", deadline, || unsafe {
+            lib.irecv_group(r[0], &group)
+        })
+        .map_err(call)?;
+        let sizes = until("test", deadline, || lib.test_group(req, 8)).map_err(call)?;
         let good = (0..8)
             .filter(|&k| sizes[k] as usize == SIZE && intact(&b.bufs[k], SIZE, TAGS[k] as usize))
             .count();
@@ -625,7 +595,6 @@ pub fn peer_killed(ctx: &mut Ctx, deadline: Instant) -> Outcome {
             }
         };
         if let Err(e) = lib.wait(q, deadline) {
-            let _ = &mut b;
             return Ok(format!(
                 "{} after {} ms",
                 call(e),
