@@ -58,7 +58,11 @@
 #                fi_info -p ucx and the plugin's doctor with NCCL_FABRIC_PROVIDER=ucx
 #                (FI_UCX_DEVICES=eth0, UCX_TLS=tcp,cuda_copy,self)
 #   threads      where the CPU goes at 1 GiB (two ranks as two hosts): CPU seconds by thread name
-#                for Socket 2x8 and the plugin, and a perf profile where perf is installed
+#                for Socket 2x8 and the plugin, and perf profiles of both where perf is installed
+#                or comes in $PERF_TARBALL
+#   steps        where the time of NCCL's network steps goes (NCCL's example profiler plugin from
+#                $NCCL_PROFILER_TARBALL; scripts/gpu/steps.py): all_reduce_perf at $STEPS_SIZES
+#                (8 1M 256M), Socket as shipped and 2x8, the plugin and $STEPS_VARIANTS
 #   conform      nccl-net-fabric conform over ucx (GPU rows included) and $CONFORM_PROVIDERS
 #   ucxhosts     the hosts shape over ucx: GPU buffers (NCCL_NET_GDR_LEVEL=SYS), host buffers
 #                (NCCL_FABRIC_HMEM=off) and Socket for each of $UCXHOSTS_TESTS (all_reduce_perf
@@ -77,6 +81,9 @@
 #                     out of this repository; default .scratch/gpu-in/nccl-src)
 #   NCCL_TESTS_DIR    nccl-tests build folder with the *_perf binaries (default: what the nccltests stage built)
 #   NCCL_TESTS_MPI_DIR the same built with MPI=1 (for the mpi stage; default: what the nccltests stage built)
+#   NCCL_PROFILER_TARBALL ext-profiler/example of NCCL's source, for the steps stage (kept out of
+#                     this repository; default .scratch/gpu-in/nccl-profiler.tar.xz)
+#   PERF_TARBALL      perf and its libraries (scripts/gpu/prepare.sh; default .scratch/gpu-in/perf.tar.xz)
 #   OUT               where logs and summary.md go (default .scratch/gpu-out)
 #   TIMEOUT           seconds allowed per benchmark (default 150): a run past it counts as a hang
 #   ITERS, WARMUP     nccl-tests -n / -w (default 10 / 3)
@@ -94,6 +101,8 @@ BASELINE_DIR=${BASELINE_DIR:-$in/baseline}
 LIBFABRIC_TARBALL=${LIBFABRIC_TARBALL:-$(ls "$in"/libfabric-2.1.0-autogen.tar.xz "$in"/libfabric_2.1.0.orig.tar.xz 2>/dev/null | head -n1)}
 NCCL_TESTS_SRC=${NCCL_TESTS_SRC:-$in/nccl-tests}
 NCCL_SRC_DIR=${NCCL_SRC_DIR:-$in/nccl-src}
+NCCL_PROFILER_TARBALL=${NCCL_PROFILER_TARBALL:-$in/nccl-profiler.tar.xz}
+PERF_TARBALL=${PERF_TARBALL:-$in/perf.tar.xz}
 OUT=${OUT:-$repo/.scratch/gpu-out}
 TIMEOUT=${TIMEOUT:-150}
 ITERS=${ITERS:-10}
@@ -784,25 +793,103 @@ stage_threads() {
     awk '$1 == 1073741824 && NF >= 13 {print "busbw at 1 GiB: " $8 " GB/s (out of place), " $12 " (in place)"}' \
       "$OUT/logs/threads-$name.log" >>"$summary"
   done
+  perf_setup
   if command -v perf >/dev/null; then
-    log "perf over the plugin's run"
-    local cmd=(timeout -k 10 "$TIMEOUT" mpirun --allow-run-as-root --bind-to none -np 2
-      bash -c 'export NCCL_HOSTID=h$OMPI_COMM_WORLD_RANK; exec env "$@"' _
-      NCCL_TESTS_DEVICE=0 NCCL_NET=Fabric NCCL_NET_PLUGIN="$PLUGIN_LIB/libnccl-net-fabric.so"
-      "$NCCL_TESTS_MPI_DIR/all_reduce_perf" -b 1G -e 1G -g 1 -n "${THREADS_ITERS:-40}" -w 5)
-    perf record -F 499 -a -g -o "$work/perf.data" -- "${cmd[@]}" >"$OUT/logs/perf-run.log" 2>&1
-    {
-      echo
-      echo "## perf, the plugin's run (system-wide, 499 Hz): by thread and object, then symbols"
-      echo '```'
-      perf report -i "$work/perf.data" --no-children --sort comm,dso --stdio 2>/dev/null | grep -v '^#' | grep -v '^$' | head -n 40
-      echo
-      perf report -i "$work/perf.data" --no-children --sort sym --stdio -g none 2>/dev/null | grep -v '^#' | grep -v '^$' | head -n 50
-      echo '```'
-    } >>"$summary"
+    for name in socket2x8 fabric; do
+      case $name in
+        socket2x8) how=(NCCL_NET=Socket NCCL_NET_PLUGIN=none NCCL_SOCKET_NTHREADS=2 NCCL_NSOCKS_PERTHREAD=8) ;;
+        fabric) how=(NCCL_NET=Fabric NCCL_NET_PLUGIN="$PLUGIN_LIB/libnccl-net-fabric.so") ;;
+      esac
+      log "perf over $name"
+      local cmd=(timeout -k 10 "$TIMEOUT" mpirun --allow-run-as-root --bind-to none -np 2
+        bash -c 'export NCCL_HOSTID=h$OMPI_COMM_WORLD_RANK; exec env "$@"' _
+        NCCL_TESTS_DEVICE=0 "${how[@]}"
+        "$NCCL_TESTS_MPI_DIR/all_reduce_perf" -b 1G -e 1G -g 1 -n "${THREADS_ITERS:-40}" -w 5)
+      # System-wide where the kernel lets us, else the run's processes and their children.
+      perf record -F 499 -a -g -o "$work/perf-$name.data" -- "${cmd[@]}" >"$OUT/logs/perf-$name.log" 2>&1 \
+        || perf record -F 499 -g -o "$work/perf-$name.data" -- "${cmd[@]}" >>"$OUT/logs/perf-$name.log" 2>&1
+      {
+        echo
+        echo "## perf, $name (all_reduce_perf 1 GiB, 499 Hz): by thread and object, then by thread and symbol"
+        awk '$1 == 1073741824 && NF >= 13 {print "busbw at 1 GiB: " $8 " GB/s"}' "$OUT/logs/perf-$name.log"
+        echo '```'
+        perf report -i "$work/perf-$name.data" --no-children --sort comm,dso --stdio 2>&1 | grep -v '^#' | grep -v '^$' | head -n 30
+        echo
+        perf report -i "$work/perf-$name.data" --no-children --sort comm,sym --stdio -g none 2>&1 | grep -v '^#' | grep -v '^$' | head -n 60
+        echo '```'
+      } >>"$summary"
+    done
   else
     echo "- perf: not installed on this machine" >>"$summary"
   fi
+}
+
+# perf_setup: perf from $PERF_TARBALL (a perf binary in bin/ and the libraries it needs in lib/,
+# built on the Debian build machine by scripts/gpu/prepare.sh) where this machine has none.
+perf_setup() {
+  command -v perf >/dev/null && return 0
+  [ -f "$PERF_TARBALL" ] || return 0
+  local d=$work/perf
+  [ -x "$d/bin/perf" ] || { mkdir -p "$d" && tar -C "$d" --strip-components=1 -xJf "$PERF_TARBALL"; }
+  printf '#!/bin/sh\nLD_LIBRARY_PATH=%s/lib exec %s/bin/perf "$@"\n' "$d" "$d" >"$d/perf"
+  chmod +x "$d/perf"
+  export PATH=$d:$PATH
+  perf --version >&2 || log "perf from $PERF_TARBALL does not run here"
+}
+
+# steps: where the time of NCCL's network steps goes, by NCCL's example profiler plugin (built
+# here from $NCCL_PROFILER_TARBALL, a copy of ext-profiler/example of NCCL's source kept out of
+# this repository): all_reduce_perf at each of $STEPS_SIZES, two ranks as two hosts, for Socket as
+# shipped, 2x8, the plugin with no setting and each of $STEPS_VARIANTS (;-separated VAR=VALUE
+# lists); scripts/gpu/steps.py reads the traces.
+stage_steps() {
+  plugin_env
+  start_mps
+  local prof=$work/nccl-profiler size name i v
+  if [ ! -f "$prof/libnccl-profiler-example.so" ]; then
+    [ -f "$NCCL_PROFILER_TARBALL" ] || { log "no profiler source ($NCCL_PROFILER_TARBALL)"; return 1; }
+    mkdir -p "$prof" && tar -C "$prof" --strip-components=1 -xJf "$NCCL_PROFILER_TARBALL"
+    (cd "$prof" && g++ -O2 -Inccl -I/usr/local/cuda/include -fPIC -shared -o libnccl-profiler-example.so ./*.cc) \
+      >"$OUT/logs/profiler-build.log" 2>&1 || { tail -n 20 "$OUT/logs/profiler-build.log" >&2; return 1; }
+  fi
+  # 16 collectives of each kind kept: the 12 + 3 of a run (a collective record is 755 MB of
+  # address space, touched only where steps are written).
+  local pools=(NCCL_PROFILE_GROUP_API_POOL_SIZE=16 NCCL_PROFILE_COLL_API_POOL_SIZE=16
+    NCCL_PROFILE_KERNEL_LAUNCH_POOL_SIZE=16 NCCL_PROFILE_GROUP_POOL_SIZE=16
+    NCCL_PROFILE_COLL_POOL_SIZE=16 NCCL_PROFILE_P2P_POOL_SIZE=4 NCCL_PROFILE_P2P_API_POOL_SIZE=4)
+  local runs=("socket|NCCL_NET=Socket NCCL_NET_PLUGIN=none"
+    "socket2x8|NCCL_NET=Socket NCCL_NET_PLUGIN=none NCCL_SOCKET_NTHREADS=2 NCCL_NSOCKS_PERTHREAD=8"
+    "fabric|NCCL_NET=Fabric NCCL_NET_PLUGIN=$PLUGIN_LIB/libnccl-net-fabric.so")
+  IFS=';' read -ra variants <<<"${STEPS_VARIANTS:-}"
+  i=0
+  for v in "${variants[@]}"; do
+    i=$((i + 1))
+    runs+=("fabric-v$i|NCCL_NET=Fabric NCCL_NET_PLUGIN=$PLUGIN_LIB/libnccl-net-fabric.so $v")
+  done
+  table_header "Steps profiled (NCCL's example profiler), two ranks as two hosts, all_reduce_perf -n 12 -w 3"
+  local rows=()
+  for size in ${STEPS_SIZES:-8 1M 256M}; do
+    for v in "${runs[@]}"; do
+      name=${v%%|*}
+      local dump=$work/steps/$name-$size
+      mkdir -p "$work/steps" && rm -f "$dump"_*.json
+      # shellcheck disable=SC2086
+      MINBYTES=$size MAXBYTES=$size ITERS=12 WARMUP=3 hosts_run "steps-$name-$size" all_reduce_perf \
+        ${v#*|} NCCL_PROFILER_PLUGIN="$prof/libnccl-profiler-example.so" NCCL_PROFILE_EVENT_MASK=16 \
+        NCCL_PROFILE_DUMP_FILE="$dump" "${pools[@]}"
+      rows+=("$(python3 scripts/gpu/steps.py "$name $size ($(awk '$1 ~ /^[0-9]+$/ && NF >= 13 {print $6 " µs"}' "$OUT/logs/steps-$name-$size.log" | head -1))" "$dump")")
+      # Keep the traces, compressed, for a closer look.
+      tar -C "$work/steps" -cJf "$OUT/logs/steps-$name-$size.tar.xz" $(cd "$work/steps" && ls "$name-$size"_*.json 2>/dev/null) 2>/dev/null
+    done
+  done
+  for i in "${variants[@]}"; do echo "- variant: $i" >>"$summary"; done
+  {
+    echo
+    echo "Where each step's time goes (median time of the phase / steps in that phase on average while the operation ran):"
+    echo
+    python3 scripts/gpu/steps.py --header
+    printf '%s\n' "${rows[@]}"
+  } >>"$summary"
 }
 
 # conform: `nccl-net-fabric conform` over ucx (GPU rows included) with libfabric built with
