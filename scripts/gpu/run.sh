@@ -24,8 +24,8 @@
 #                shipped, 4x4, 2x8 and the plugin with no NCCL_FABRIC_* set
 #   churn        40 process groups created, used and destroyed one after another (torchrun,
 #                2 processes): Socket, tcp;ofi_rxm, shm
-#   latency      8-byte all_reduce_perf (-g 2, 2000 iterations): Socket, tcp;ofi_rxm, shm
-#   memory       all_reduce_perf -g 2 with the peak memory broken down by kind of mapping:
+#   latency      8-byte all_reduce_perf (2000 iterations): Socket, tcp;ofi_rxm, shm
+#   memory       all_reduce_perf with the peak memory broken down by kind of mapping:
 #                Socket, tcp;ofi_rxm and the variants in $MEMORY_RUNS, shm
 #   bound        all_reduce_perf, mpirun -np 2 with its default binding: Socket, the plugin as it
 #                sizes itself, and lane/thread variants
@@ -121,6 +121,19 @@ export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVL
 
 log() { echo "[gpu $(date +%H:%M:%S)] $*" >&2; }
 
+# The shape of the runs: "gpus" (two GPUs in one process, -g 2) where the machine has two GPUs,
+# else "hosts" (two ranks as two hosts on GPU 0: MPS, mpirun -np 2, NCCL_HOSTID per rank, -g 1,
+# the MPI build of nccl-tests; torch scripts get AS_HOSTS=1). SHAPE=hosts forces the second.
+GPUS=$(nvidia-smi -L 2>/dev/null | wc -l)
+SHAPE=${SHAPE:-$([ "$GPUS" -ge 2 ] && echo gpus || echo hosts)}
+[ "$SHAPE" = hosts ] && export AS_HOSTS=1
+# What mpirun runs before a rank's command to make it a host of its own (hosts shape).
+AS_HOST=()
+[ "$SHAPE" = hosts ] && AS_HOST=(bash -c 'export NCCL_HOSTID=h$OMPI_COMM_WORLD_RANK NCCL_TESTS_DEVICE=0; exec "$@"' _)
+shape_words() {
+  if [ "$SHAPE" = gpus ]; then echo "2 GPUs in one process (-g 2)"; else echo "two ranks as two hosts on one GPU (MPS)"; fi
+}
+
 # The NCCL that PyTorch loads: nccl-tests link and run against it.
 nccl_dir=$(python3 -c 'import nvidia.nccl as m; print(list(m.__path__)[0])' 2>/dev/null)
 [ -n "$nccl_dir" ] && export LD_LIBRARY_PATH=$nccl_dir/lib:${LD_LIBRARY_PATH:-}
@@ -178,7 +191,29 @@ stage_nccltests() {
 plugin_env() {
   export LD_LIBRARY_PATH=$lf/lib:${LD_LIBRARY_PATH:-}
   PLUGIN_LIB=$(install_plugin)
+  if [ "$SHAPE" = hosts ]; then start_mps; fi
 }
+
+# nccl_test TESTS_DIR TEST ARG...: runs (exec) one nccl-tests binary in the machine's shape (see
+# SHAPE): from TESTS_DIR with -g 2, or as two ranks, two hosts, from its MPI build with -g 1
+# ($NCCL_TESTS_MPI_DIR for $NCCL_TESTS_DIR, nccl-tests-mpi-TAG beside nccl-tests-TAG). The caller's environment reaches the
+# ranks. Exported: `timeout … bash -c 'nccl_test "$@"' _ …` puts a time limit on it.
+nccl_test() {
+  local dir=$1 test=$2
+  shift 2
+  if [ "$SHAPE" = gpus ]; then
+    exec "$dir/$test" "$@" -g 2
+  else
+    exec mpirun --allow-run-as-root ${HOSTS_BIND:---bind-to none} -np 2 \
+      bash -c 'export NCCL_HOSTID=h$OMPI_COMM_WORLD_RANK NCCL_TESTS_DEVICE=0; exec "$@"' _ \
+      "$(mpi_build_of "$dir")/$test" "$@" -g 1
+  fi
+}
+mpi_build_of() {
+  if [ "$1" = "$NCCL_TESTS_DIR" ]; then echo "$NCCL_TESTS_MPI_DIR"; else echo "${1%/*}/nccl-tests-mpi${1##*/nccl-tests}"; fi
+}
+export -f nccl_test mpi_build_of
+export SHAPE NCCL_TESTS_DIR NCCL_TESTS_MPI_DIR
 
 stage_doctor() {
   plugin_env
@@ -203,7 +238,7 @@ run() {
   rm -f "$cost"
   env NCCL_P2P_DISABLE=1 NCCL_SHM_DISABLE=1 NCCL_DEBUG=INFO NCCL_DEBUG_SUBSYS=INIT,NET "$@" \
     python3 scripts/gpu/measure.py "$cost" \
-    timeout -k 10 "$TIMEOUT" "$NCCL_TESTS_DIR/$test" -b "$MINBYTES" -e "$MAXBYTES" -f 4 -g 2 -n "$ITERS" -w "$WARMUP" \
+    timeout -k 10 "$TIMEOUT" bash -c 'nccl_test "$@"' _ "$NCCL_TESTS_DIR" "$test" -b "$MINBYTES" -e "$MAXBYTES" -f 4 -n "$ITERS" -w "$WARMUP" \
     >"$logf" 2>&1
   local rc=$?
   row "$name" "$test" "$logf" "$rc" $((SECONDS - start)) "$(cat "$cost" 2>/dev/null)"
@@ -240,7 +275,7 @@ socket() { echo NCCL_NET=Socket NCCL_NET_PLUGIN=none; }
 
 stage_allreduce() {
   plugin_env
-  table_header "all_reduce_perf, 2 GPUs in one process (-g 2), P2P and SHM off"
+  table_header "all_reduce_perf, $(shape_words), P2P and SHM off"
   run socket-all_reduce all_reduce_perf $(socket)
   run rxm-all_reduce all_reduce_perf $(fabric) NCCL_FABRIC_PROVIDER="tcp;ofi_rxm"
   run shm-all_reduce all_reduce_perf $(fabric) NCCL_FABRIC_PROVIDER=shm
@@ -264,7 +299,7 @@ stage_compare() {
   mkdir -p "$base"
   cp -f "$BASELINE_DIR/libnccl_net_fabric.so" "$base/libnccl-net-fabric.so"
   local old="NCCL_NET=Fabric NCCL_NET_PLUGIN=$base/libnccl-net-fabric.so"
-  table_header "all_reduce_perf side by side: $(basename "$BASELINE_DIR") plugin and this one, 2 GPUs in one process (-g 2), P2P and SHM off"
+  table_header "all_reduce_perf side by side: $(basename "$BASELINE_DIR") plugin and this one, $(shape_words), P2P and SHM off"
   run socket-all_reduce all_reduce_perf $(socket)
   run socket4x4-all_reduce all_reduce_perf $(socket) NCCL_SOCKET_NTHREADS=4 NCCL_NSOCKS_PERTHREAD=4
   local round
@@ -291,7 +326,7 @@ stage_runs() {
 
 stage_collectives() {
   plugin_env
-  table_header "four collectives, 2 GPUs in one process (-g 2), P2P and SHM off"
+  table_header "four collectives, $(shape_words), P2P and SHM off"
   for t in all_reduce_perf all_gather_perf sendrecv_perf alltoall_perf; do
     run "socket-${t%_perf}" "$t" $(socket)
     run "rxm-${t%_perf}" "$t" $(fabric) NCCL_FABRIC_PROVIDER="tcp;ofi_rxm"
@@ -302,7 +337,7 @@ stage_collectives() {
 
 stage_loading() {
   plugin_env
-  local small=(-b 1M -e 4M -f 4 -g 2 -n 5 -w 1)
+  local small=(-b 1M -e 4M -f 4 -n 5 -w 1)
   {
     echo
     echo "## loading"
@@ -317,8 +352,8 @@ stage_loading() {
       preload) set -- LD_PRELOAD="$PLUGIN_LIB/libnccl-net.so" ;;
     esac
     env -u NCCL_NET_PLUGIN NCCL_P2P_DISABLE=1 NCCL_SHM_DISABLE=1 NCCL_NET=Fabric NCCL_DEBUG=INFO \
-      NCCL_DEBUG_SUBSYS=INIT,NET "$@" timeout -k 10 "$TIMEOUT" "$NCCL_TESTS_DIR/all_reduce_perf" \
-      "${small[@]}" >"$logf" 2>&1
+      NCCL_DEBUG_SUBSYS=INIT,NET "$@" timeout -k 10 "$TIMEOUT" bash -c 'nccl_test "$@"' _ \
+      "$NCCL_TESTS_DIR" all_reduce_perf "${small[@]}" >"$logf" 2>&1
     local rc=$?
     local loaded
     loaded=$(grep -m1 -o 'Loaded net plugin [^ ]* ([^)]*)' "$logf")
@@ -327,8 +362,8 @@ stage_loading() {
   # What a user sees: INFO with subsystems INIT,NET, and TRACE.
   grep -h "NET/Fabric\|NET/Plugin\|via NET" "$OUT/logs/loading-path.log" | sort -u | head -n 20 >"$OUT/info-lines.txt"
   env NCCL_P2P_DISABLE=1 NCCL_SHM_DISABLE=1 NCCL_NET=Fabric NCCL_DEBUG=TRACE \
-    NCCL_NET_PLUGIN="$PLUGIN_LIB/libnccl-net-fabric.so" timeout -k 10 "$TIMEOUT" \
-    "$NCCL_TESTS_DIR/all_reduce_perf" -b 1M -e 1M -g 2 -n 1 -w 0 >"$OUT/logs/trace.log" 2>&1
+    NCCL_NET_PLUGIN="$PLUGIN_LIB/libnccl-net-fabric.so" timeout -k 10 "$TIMEOUT" bash -c 'nccl_test "$@"' _ \
+    "$NCCL_TESTS_DIR" all_reduce_perf -b 1M -e 1M -n 1 -w 0 >"$OUT/logs/trace.log" 2>&1
   grep -h "NET/Fabric" "$OUT/logs/trace.log" | sort -u | head -n 40 >"$OUT/trace-lines.txt"
 }
 
@@ -339,7 +374,7 @@ stage_mpi() {
     echo "- mpi: skipped (no nccl-tests built with MPI=1)" >>"$summary"
     return 0
   fi
-  table_header "all_reduce_perf, 2 processes (mpirun -np 2, -g 1), P2P and SHM off"
+  table_header "all_reduce_perf, 2 processes (mpirun -np 2, -g 1$([ "$SHAPE" = hosts ] && echo ", each a host on GPU 0")), P2P and SHM off"
   local name
   local fab=(-x NCCL_NET=Fabric -x NCCL_NET_PLUGIN="$PLUGIN_LIB/libnccl-net-fabric.so")
   for name in ${MPI_RUNS:-socket socket4x4 rxm tcp shm}; do
@@ -355,7 +390,7 @@ stage_mpi() {
     rm -f "$cost"
     python3 scripts/gpu/measure.py "$cost" timeout -k 10 "$TIMEOUT" mpirun --allow-run-as-root --bind-to none -np 2 \
       -x LD_LIBRARY_PATH -x NCCL_P2P_DISABLE=1 -x NCCL_SHM_DISABLE=1 -x NCCL_NVLS_ENABLE=0 \
-      -x NCCL_DEBUG=INFO -x NCCL_DEBUG_SUBSYS=INIT,NET "${extra[@]}" \
+      -x NCCL_DEBUG=INFO -x NCCL_DEBUG_SUBSYS=INIT,NET "${extra[@]}" "${AS_HOST[@]}" \
       "$dir/all_reduce_perf" -b "$MINBYTES" -e "$MAXBYTES" -f 4 -g 1 -n "$ITERS" -w "$WARMUP" >"$logf" 2>&1
     row "mpi-$name" all_reduce_perf "$logf" $? $((SECONDS - start)) "$(cat "$cost" 2>/dev/null)"
   done
@@ -383,7 +418,7 @@ stage_bound() {
     local logf=$OUT/logs/bound-$name.log start=$SECONDS
     timeout -k 10 "$TIMEOUT" mpirun --allow-run-as-root -np 2 \
       -x LD_LIBRARY_PATH -x NCCL_P2P_DISABLE=1 -x NCCL_SHM_DISABLE=1 -x NCCL_NVLS_ENABLE=0 \
-      -x NCCL_DEBUG=INFO -x NCCL_DEBUG_SUBSYS=INIT,NET "${extra[@]}" \
+      -x NCCL_DEBUG=INFO -x NCCL_DEBUG_SUBSYS=INIT,NET "${extra[@]}" "${AS_HOST[@]}" \
       "$dir/all_reduce_perf" -b "$MINBYTES" -e "$MAXBYTES" -f 4 -g 1 -n "$ITERS" -w "$WARMUP" >"$logf" 2>&1
     row "bound-$name" all_reduce_perf "$logf" $? $((SECONDS - start))
   done
@@ -416,6 +451,14 @@ stage_ncclbuild() {
           NVCC_GENCODE="-gencode=arch=compute_$cap,code=sm_$cap" BUILDDIR="$tests" \
           >"$OUT/logs/nccl-tests-$tag-build.log" 2>&1 || log "nccl-tests against NCCL $tag failed to build"
       fi
+      # The two-hosts shape runs the MPI build (see nccl_test).
+      local mpi
+      mpi=$(mpi_home)
+      if [ "$SHAPE" = hosts ] && [ -n "$mpi" ] && [ ! -x "$(mpi_build_of "$tests")/all_reduce_perf" ]; then
+        make -C "$NCCL_TESTS_SRC/src" -j8 CUDA_HOME=/usr/local/cuda NCCL_HOME="$build" MPI=1 MPI_HOME="$mpi" \
+          NVCC_GENCODE="-gencode=arch=compute_$cap,code=sm_$cap" BUILDDIR="$(mpi_build_of "$tests")" \
+          >"$OUT/logs/nccl-tests-mpi-$tag-build.log" 2>&1 || log "nccl-tests (MPI) against NCCL $tag failed to build"
+      fi
       log "NCCL $tag: built"
     ) &
   done
@@ -431,7 +474,7 @@ versions_row() {
     log "run $name"
     env LD_LIBRARY_PATH="$libdir:$LD_LIBRARY_PATH" NCCL_P2P_DISABLE=1 NCCL_SHM_DISABLE=1 \
       NCCL_DEBUG=INFO NCCL_DEBUG_SUBSYS=INIT,NET $(fabric) NCCL_FABRIC_PROVIDER="tcp;ofi_rxm" \
-      timeout -k 10 "$TIMEOUT" "$tests/$t" -b 1M -e 64M -f 4 -g 2 -n 5 -w 2 >"$logf" 2>&1
+      timeout -k 10 "$TIMEOUT" bash -c 'nccl_test "$@"' _ "$tests" "$t" -b 1M -e 64M -f 4 -n 5 -w 2 >"$logf" 2>&1
     rc=$?
     local wrong
     wrong=$(awk '$1 ~ /^[0-9]+$/ && NF >= 13 {w += $9 + $13} END {print w + 0}' "$logf")
@@ -446,7 +489,7 @@ stage_versions() {
   plugin_env
   {
     echo
-    echo "## NCCL versions: which table each loads, and three collectives through it (tcp;ofi_rxm, -g 2, P2P and SHM off, 1M-64M)"
+    echo "## NCCL versions: which table each loads, and three collectives through it (tcp;ofi_rxm, $(shape_words), P2P and SHM off, 1M-64M)"
     echo
     echo "| NCCL | table loaded | all_reduce | alltoall | sendrecv | grouped-receive INFO lines |"
     echo "| --- | --- | --- | --- | --- | --- |"
@@ -551,7 +594,7 @@ stage_latency() {
   plugin_env
   {
     echo
-    echo "## 8-byte all_reduce_perf (-g 2, -n 2000 -w 200), P2P and SHM off: time in us (out-of-place, in-place)"
+    echo "## 8-byte all_reduce_perf ($(shape_words), -n 2000 -w 200), P2P and SHM off: time in us (out-of-place, in-place)"
     echo
   } >>"$summary"
   local name logf
@@ -564,14 +607,14 @@ stage_latency() {
     esac
     log "run latency-$name"
     env NCCL_P2P_DISABLE=1 NCCL_SHM_DISABLE=1 NCCL_DEBUG=INFO NCCL_DEBUG_SUBSYS=INIT,NET "$@" \
-      timeout -k 10 "$TIMEOUT" "$NCCL_TESTS_DIR/all_reduce_perf" -b 8 -e 8 -g 2 -n 2000 -w 200 >"$logf" 2>&1
+      timeout -k 10 "$TIMEOUT" bash -c 'nccl_test "$@"' _ "$NCCL_TESTS_DIR" all_reduce_perf -b 8 -e 8 -n 2000 -w 200 >"$logf" 2>&1
     echo "- $name (rc=$?): $(awk '$1 == 8 && NF >= 13 {print $6 " / " $10 " us, #wrong " $9 + $13}' "$logf")" >>"$summary"
   done
 }
 
 stage_memory() {
   plugin_env
-  table_header "peak memory of all_reduce_perf -g 2 by kind of mapping (anon / gpu / shm / lib / file, MiB), P2P and SHM off"
+  table_header "peak memory of all_reduce_perf, $(shape_words), by kind of mapping (anon / gpu / shm / lib / file, MiB), P2P and SHM off"
   run mem-socket all_reduce_perf $(socket)
   run mem-socket4x4 all_reduce_perf $(socket) NCCL_SOCKET_NTHREADS=4 NCCL_NSOCKS_PERTHREAD=4
   run mem-rxm all_reduce_perf $(fabric) NCCL_FABRIC_PROVIDER="tcp;ofi_rxm"
