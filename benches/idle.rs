@@ -7,23 +7,12 @@
 
 mod common;
 
-use common::{exchange, rss_kib};
+use common::{cpu_seconds, exchange, rss_kib};
 use nccl_net_host::PluginLib;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
 const IDLE: Duration = Duration::from_secs(10);
-
-fn cpu_seconds() -> f64 {
-    // SAFETY: getrusage fills the zeroed struct.
-    let u = unsafe {
-        let mut u: libc::rusage = std::mem::zeroed();
-        libc::getrusage(libc::RUSAGE_SELF, &mut u);
-        u
-    };
-    let t = |tv: libc::timeval| tv.tv_sec as f64 + tv.tv_usec as f64 / 1e6;
-    t(u.ru_utime) + t(u.ru_stime)
-}
 
 fn rss_mib() -> u64 {
     rss_kib() / 1024

@@ -5,8 +5,13 @@
 //! `cargo bench --bench transfer` runs `tcp;ofi_rxm` and `shm` (and native `tcp` on
 //! libfabric >= 1.18), each in its own process; `-- PROVIDER` runs one, `-- --latency` only
 //! the ping-pong. Prints GB/s per size, the 8-byte half round trip (10 runs, sorted), and
-//! plugin/raw ratios.
+//! plugin/raw ratios, with the CPU seconds the process spent per GB moved (both sides, the
+//! plugin's threads included). The plugin runs with the environment's settings: e.g.
+//! `NCCL_FABRIC_PROGRESS_THREAD=yes` with `NCCL_FABRIC_PROGRESS_WAIT=spin` or `auto`.
 
+mod common;
+
+use common::cpu_seconds;
 use nccl_net_fabric::discover::discover;
 use nccl_net_fabric::endpoint::{Endpoint, Event, Queue};
 use nccl_net_fabric::fabric::{runtime_version, version_string, Domain, Fabric};
@@ -68,18 +73,24 @@ fn drive(side: &dyn Side, bufs: &[usize], len: usize, count: usize) {
     }
 }
 
-fn stream(send: &dyn Side, recv: &dyn Side, len: usize) -> f64 {
+/// GB/s, and CPU seconds per GB.
+fn stream(send: &dyn Side, recv: &dyn Side, len: usize) -> (f64, f64) {
     let count = iters(len);
     let mut sbufs: Vec<Vec<u8>> = (0..IN_FLIGHT).map(|_| vec![1u8; len]).collect();
     let mut rbufs: Vec<Vec<u8>> = (0..IN_FLIGHT).map(|_| vec![0u8; len]).collect();
     let sp: Vec<usize> = sbufs.iter_mut().map(|b| b.as_mut_ptr() as usize).collect();
     let rp: Vec<usize> = rbufs.iter_mut().map(|b| b.as_mut_ptr() as usize).collect();
     let start = Instant::now();
+    let cpu = cpu_seconds();
     std::thread::scope(|s| {
         s.spawn(|| drive(recv, &rp, len, count));
         drive(send, &sp, len, count);
     });
-    (len * count) as f64 / start.elapsed().as_secs_f64() / 1e9
+    let gb = (len * count) as f64 / 1e9;
+    (
+        gb / start.elapsed().as_secs_f64(),
+        (cpu_seconds() - cpu) / gb,
+    )
 }
 
 fn ping_pong(a_send: &dyn Side, a_recv: &dyn Side, b_send: &dyn Side, b_recv: &dyn Side) -> f64 {
@@ -266,8 +277,20 @@ fn run_one(provider: &str) {
     let settings = Settings::from_env().expect("settings");
     println!(
         "provider {provider}, libfabric {}, {IN_FLIGHT} in flight, one thread per side, raw \
-         endpoints each on a domain of their own (as the plugin's)",
-        version_string(runtime_version())
+         endpoints each on a domain of their own (as the plugin's); plugin: progress threads \
+         {}, {} {}",
+        version_string(runtime_version()),
+        if settings.progress_thread {
+            "yes"
+        } else {
+            "no"
+        },
+        nccl_net_fabric::settings::PROGRESS_WAIT,
+        if settings.progress_sleeps {
+            "auto"
+        } else {
+            "spin"
+        },
     );
 
     // Raw libfabric: a sends to b on one pair of endpoints, b answers on another.
@@ -304,8 +327,8 @@ fn run_one(provider: &str) {
     stream(&p_send, &p_recv, 64 << 10);
 
     println!(
-        "{:>10} {:>12} {:>12} {:>8}",
-        "size", "raw GB/s", "plugin GB/s", "ratio"
+        "{:>10} {:>12} {:>12} {:>8} {:>14} {:>14}",
+        "size", "raw GB/s", "plugin GB/s", "ratio", "raw CPU-s/GB", "plugin CPU-s/GB"
     );
     let mut ratios = Vec::new();
     // `-- --latency` measures only the ping-pong.
@@ -315,15 +338,17 @@ fn run_one(provider: &str) {
         SIZES
     };
     for &len in sizes {
-        let raw = stream(&raw_send, &raw_recv, len);
-        let plugin = stream(&p_send, &p_recv, len);
+        let (raw, raw_cpu) = stream(&raw_send, &raw_recv, len);
+        let (plugin, plugin_cpu) = stream(&p_send, &p_recv, len);
         ratios.push(plugin / raw);
         println!(
-            "{:>10} {:>12.3} {:>12.3} {:>8.2}",
+            "{:>10} {:>12.3} {:>12.3} {:>8.2} {:>14.3} {:>14.3}",
             len,
             raw,
             plugin,
-            plugin / raw
+            plugin / raw,
+            raw_cpu,
+            plugin_cpu
         );
     }
     let (mut raw_lat, mut plugin_lat) = (Vec::new(), Vec::new());

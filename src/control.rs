@@ -450,7 +450,7 @@ enum Job {
         record: Record,
         purpose: Purpose,
     },
-    Adopt(Driver, Instant),
+    Adopt(Box<Driver>, Instant),
     Flush,
     Later(Instant, Chore),
 }
@@ -515,7 +515,7 @@ pub fn hurry() {
 /// operations on: it keeps cancelling and reading completions, and closes the endpoint once
 /// nothing is left in flight, or at `deadline` regardless.
 pub fn adopt(driver: Driver, deadline: Instant) {
-    mailbox().push(Job::Adopt(driver, deadline));
+    mailbox().push(Job::Adopt(Box::new(driver), deadline));
 }
 
 /// Runs `chore` on the control thread once `delay` has passed (within its tick, ~20 ms).
@@ -550,7 +550,7 @@ fn run(mb: &'static Mailbox) {
                     Some(s) => s.send(&to, &record, purpose),
                     None => purpose.failed("no control endpoint".into()),
                 },
-                Job::Adopt(d, deadline) => adopted.push((d, deadline)),
+                Job::Adopt(d, deadline) => adopted.push((*d, deadline)),
                 Job::Later(at, chore) => chores.push((at, chore)),
                 Job::Flush => {
                     let by = Instant::now() + FLUSH_WAIT;

@@ -14,11 +14,12 @@ use crate::endpoint::{Endpoint, Event, Failure, Queue, Retired};
 use crate::error::{Error, Result};
 use crate::op::{Op, Status};
 use crate::sys;
+use crate::wake::Bell;
 use parking_lot::Mutex;
 use std::any::Any;
 use std::collections::{HashMap, VecDeque};
 use std::ffi::c_void;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, OnceLock, Weak};
 use std::thread::Thread;
 use std::time::{Duration, Instant};
@@ -141,6 +142,9 @@ pub struct Inbox {
     len: AtomicUsize,
     /// The thread that drives, woken when a command arrives while it naps.
     worker: OnceLock<Thread>,
+    /// Rung when a command arrives while the worker sleeps in `poll` (see [`Inbox::doze`]).
+    bell: OnceLock<Bell>,
+    asleep: AtomicBool,
 }
 
 impl Inbox {
@@ -152,9 +156,56 @@ impl Inbox {
         q.push_back(c);
         self.len.store(q.len(), Ordering::Release);
         drop(q);
+        self.wake_worker();
+    }
+
+    /// Wakes the worker if it naps or sleeps (a command came, or it is to stop).
+    pub fn wake_worker(&self) {
+        // Pairs with the fence in `doze`: either the worker sees the command before it
+        // sleeps, or this sees it asleep and rings.
+        std::sync::atomic::fence(Ordering::SeqCst);
+        if self.asleep.load(Ordering::Relaxed) {
+            if let Some(b) = self.bell.get() {
+                b.ring();
+            }
+        }
         if let Some(t) = self.worker.get() {
             t.unpark();
         }
+    }
+
+    /// The bell the worker sleeps on beside its provider's fd, made at the first call
+    /// (`None` if the system has no eventfd left).
+    pub fn bell(&self) -> Option<&Bell> {
+        if self.bell.get().is_none() {
+            match Bell::new() {
+                Ok(b) => {
+                    let _ = self.bell.set(b);
+                }
+                Err(e) => {
+                    tracing::debug!("no eventfd for a progress thread ({e}); it naps instead");
+                    return None;
+                }
+            }
+        }
+        self.bell.get()
+    }
+
+    /// Marks the worker asleep for `sleep` (which polls the bell): skipped if a command is
+    /// waiting. Returns whether it slept.
+    pub fn doze(&self, sleep: impl FnOnce(&Bell)) -> bool {
+        let Some(bell) = self.bell() else {
+            return false;
+        };
+        self.asleep.store(true, Ordering::Relaxed);
+        std::sync::atomic::fence(Ordering::SeqCst);
+        let slept = self.is_empty();
+        if slept {
+            sleep(bell);
+        }
+        self.asleep.store(false, Ordering::Relaxed);
+        bell.silence();
+        slept
     }
     pub fn is_empty(&self) -> bool {
         self.len.load(Ordering::Acquire) == 0
@@ -266,6 +317,21 @@ impl Driver {
 
     pub fn in_flight(&self) -> usize {
         self.in_flight.len() + self.waiting.len()
+    }
+
+    /// Sleeps until the provider has progress to make, a command arrives, or `timeout`
+    /// passes, where the provider's wait object tells all (see `quirks`); false (at once)
+    /// where it cannot, or something is ready now.
+    pub fn sleep(&mut self, timeout: Duration) -> bool {
+        let Some(fd) = self.queue.wait_fd() else {
+            return false;
+        };
+        if !self.waiting.is_empty() || !self.queue.may_sleep() {
+            return false;
+        }
+        self.inbox.doze(|bell| {
+            crate::wake::readable(&[fd, bell.fd()], timeout);
+        })
     }
 
     /// One round: take commands, post, read completions, renew sinks. Returns how much

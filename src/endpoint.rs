@@ -114,6 +114,10 @@ pub struct Retired {
 pub struct Queue {
     ep: *mut sys::fid_ep,
     cq: *mut sys::fid_cq,
+    /// The completion queue's wait object (an fd that polls readable when there is progress
+    /// to make), where the provider has one that tells all.
+    wait_fd: Option<std::os::fd::RawFd>,
+    fabric: *mut sys::fid_fabric,
     shared: Arc<Endpoint>,
     backpressure: Backpressure,
     /// The device's turn lock, where its endpoints must progress one at a time.
@@ -146,16 +150,39 @@ impl Endpoint {
         // SAFETY: domain is open; each out-pointer receives a new object. The attribute
         // structs live on the stack for the duration of the calls that read them.
         unsafe {
-            let mut cq_attr = sys::fi_cq_attr {
-                size: CQ_SIZE,
-                format: sys::FI_CQ_FORMAT_TAGGED,
-                wait_obj: sys::FI_WAIT_NONE,
-                ..Default::default()
+            // A wait object where the provider's tells of everything a progress thread waits
+            // for (see `quirks::wait_object_tells_all`); a provider that refuses it gets none.
+            let wants_fd = crate::quirks::wait_object_tells_all(
+                &info.provider(),
+                crate::fabric::runtime_version(),
+            );
+            let mut open_cq = |wait_obj| {
+                let mut cq_attr = sys::fi_cq_attr {
+                    size: CQ_SIZE,
+                    format: sys::FI_CQ_FORMAT_TAGGED,
+                    wait_obj,
+                    ..Default::default()
+                };
+                sys::fi_cq_open(domain.raw(), &mut cq_attr, &mut cq, ptr::null_mut())
             };
-            check(
-                "fi_cq_open",
-                sys::fi_cq_open(domain.raw(), &mut cq_attr, &mut cq, ptr::null_mut()),
-            )?;
+            let mut ret = if wants_fd {
+                open_cq(sys::FI_WAIT_FD)
+            } else {
+                -1
+            };
+            if ret != 0 {
+                ret = open_cq(sys::FI_WAIT_NONE);
+            }
+            check("fi_cq_open", ret)?;
+            let mut fd: libc::c_int = -1;
+            let wait_fd = (wants_fd
+                && sys::fi_control(
+                    &raw mut (*cq).fid,
+                    sys::FI_GETWAIT as i32,
+                    (&raw mut fd).cast(),
+                ) == 0
+                && fd >= 0)
+                .then_some(fd);
             // The type the provider asks for, else a table; a provider that takes no table
             // (ucx: FI_AV_MAP only, though it asks for none) gets to choose.
             let mut open_av = |type_| {
@@ -258,6 +285,8 @@ impl Endpoint {
             let queue = Queue {
                 ep,
                 cq,
+                wait_fd,
+                fabric: domain.fabric_raw(),
                 shared: shared.clone(),
                 backpressure: Backpressure::default(),
                 serial: crate::quirks::serial_progress(
@@ -337,6 +366,26 @@ impl Queue {
     }
     pub fn endpoint(&self) -> &Arc<Endpoint> {
         &self.shared
+    }
+
+    /// The fd to sleep on for this queue's progress (see [`Queue::may_sleep`]).
+    pub fn wait_fd(&self) -> Option<std::os::fd::RawFd> {
+        self.wait_fd
+    }
+
+    /// Whether the driver may sleep on [`Queue::wait_fd`] now: `fi_trywait` found nothing
+    /// ready that a read would return, so the fd polls readable when something is. Only
+    /// after a read found nothing.
+    pub fn may_sleep(&mut self) -> bool {
+        if self.wait_fd.is_none() {
+            return false;
+        }
+        // SAFETY: fabric and cq are open (the queue holds the endpoint, which holds its
+        // domain and fabric); the array holds the one fid the call reads.
+        unsafe {
+            let mut fids = [&raw mut (*self.cq).fid];
+            sys::fi_trywait(self.fabric, fids.as_mut_ptr(), 1) == 0
+        }
     }
 
     /// Posts a tagged send. `Ok(false)` means the provider said `-FI_EAGAIN`: try again.

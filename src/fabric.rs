@@ -389,6 +389,10 @@ impl Domain {
     pub fn raw(&self) -> *mut sys::fid_domain {
         self.raw
     }
+    /// The fabric the domain belongs to (for `fi_trywait`).
+    pub fn fabric_raw(&self) -> *mut sys::fid_fabric {
+        self._fabric.raw
+    }
 }
 
 impl Drop for Domain {

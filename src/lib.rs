@@ -17,7 +17,8 @@
 //!   need); [`handshake`] (wire records); [`settings`].
 //! - [`endpoint`], [`fabric`], [`sys`]: libfabric itself; [`address`]: what a peer address
 //!   must look like before libfabric sees it; [`nic`]: what the kernel says about the
-//!   interface behind a domain (loopback, PCI device, speed).
+//!   interface behind a domain (loopback, PCI device, speed); [`wake`]: sleeping on file
+//!   descriptors (a progress thread's provider fd and its bell).
 //!
 //! The NCCL side of the ABI, which the tool, the tests and the benchmarks drive the plugin
 //! through, is the separate crate `nccl-net-host` (`host/`), kept out of the shipped library.
@@ -52,3 +53,4 @@ pub mod random;
 pub mod settings;
 pub mod sys;
 pub mod tags;
+pub mod wake;

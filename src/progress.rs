@@ -1,25 +1,45 @@
 //! A progress thread: drives one endpoint's [`Driver`] continuously, so the provider moves
 //! data while NCCL's threads do other work, and posts what NCCL's calls handed in.
 //!
-//! It spins while work comes, then yields, then naps (20 µs, later 200 µs) while operations
-//! are in flight, and sleeps (50 ms) once nothing is: then no completion can come, and a new
-//! operation wakes it at once (commands unpark it). Stopping it hands the driver back.
+//! It spins while work comes. Where the provider's wait object tells all
+//! (`quirks::wait_object_tells_all`) and sleeping is allowed (`NCCL_FABRIC_PROGRESS_WAIT`),
+//! a thread that found nothing to do for [`SPIN_BEFORE_SLEEP`] sleeps in `poll` on that fd and
+//! its inbox's bell: it wakes when data arrives, a socket takes more, or a command comes, and
+//! after [`SLEEP_IN_FLIGHT`] at most while operations are in flight. Elsewhere it yields, then
+//! naps (20 µs, later 200 µs) while operations are in flight. Once nothing is in flight it
+//! sleeps (50 ms): then no completion can come, and a new operation wakes it at once
+//! (commands unpark it, and ring its bell). Stopping it hands the driver back.
 
 use crate::driver::Driver;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::thread::JoinHandle;
-use std::time::Duration;
+use std::time::{Duration, Instant};
+
+/// How long a thread that finds nothing to do spins before it sleeps on the provider's wait
+/// object: a reply that comes sooner (a small message's round trip) finds it awake.
+pub const SPIN_BEFORE_SLEEP: Duration = Duration::from_micros(50);
+/// The longest sleep on the wait object while operations are in flight: rxm's connection
+/// events are not behind it.
+pub const SLEEP_IN_FLIGHT: Duration = Duration::from_millis(1);
+/// The sleep once nothing is in flight.
+const SLEEP_IDLE: Duration = Duration::from_millis(50);
 
 /// A running progress thread.
 pub struct Progress {
     stop: Arc<AtomicBool>,
+    inbox: Arc<crate::driver::Inbox>,
     handle: JoinHandle<Driver>,
 }
 
 impl Progress {
-    /// Starts a thread that drives `driver`; gives the driver back if no thread can start.
-    pub fn spawn(driver: Driver, inbox: &crate::driver::Inbox) -> Result<Progress, Box<Driver>> {
+    /// Starts a thread that drives `driver`, sleeping on the provider's wait object when
+    /// `sleeps` (see the module notes); gives the driver back if no thread can start.
+    pub fn spawn(
+        driver: Driver,
+        inbox: &Arc<crate::driver::Inbox>,
+        sleeps: bool,
+    ) -> Result<Progress, Box<Driver>> {
         let stop = Arc::new(AtomicBool::new(false));
         let stopped = stop.clone();
         // The driver moves into the thread only once it started; until then it waits here.
@@ -29,13 +49,17 @@ impl Progress {
             .name("nfab-progress".into())
             .spawn(move || {
                 let mut driver = taken.lock().take().expect("handed over before start");
-                run(&mut driver, &stopped);
+                run(&mut driver, &stopped, sleeps);
                 driver
             });
         match started {
             Ok(handle) => {
                 inbox.set_worker(handle.thread().clone());
-                Ok(Progress { stop, handle })
+                Ok(Progress {
+                    stop,
+                    inbox: inbox.clone(),
+                    handle,
+                })
             }
             Err(e) => {
                 tracing::warn!("no progress thread ({e}); NCCL's calls drive this endpoint");
@@ -49,7 +73,7 @@ impl Progress {
     /// Stops the thread and takes its driver back (`None` if the thread panicked).
     pub fn stop(self) -> Option<Driver> {
         self.stop.store(true, Ordering::Release);
-        self.handle.thread().unpark();
+        self.inbox.wake_worker();
         match self.handle.join() {
             Ok(d) => Some(d),
             Err(_) => {
@@ -60,18 +84,36 @@ impl Progress {
     }
 }
 
-fn run(driver: &mut Driver, stop: &AtomicBool) {
+fn run(driver: &mut Driver, stop: &AtomicBool, sleeps: bool) {
     let mut idle = 0u32;
+    // When the turns started finding nothing (checked every few turns).
+    let mut quiet_since = None;
     while !stop.load(Ordering::Acquire) {
         match driver.turn() {
             Ok(0) => idle = idle.saturating_add(1),
-            Ok(_) => idle = 0,
+            Ok(_) => {
+                idle = 0;
+                quiet_since = None;
+            }
             // The queue failed (recorded in the endpoint's health): nothing more to drive.
             Err(_) => {
                 while !stop.load(Ordering::Acquire) {
                     std::thread::park_timeout(Duration::from_millis(100));
                 }
                 return;
+            }
+        }
+        if sleeps && idle > 0 && idle % 16 == 0 {
+            let since = *quiet_since.get_or_insert_with(Instant::now);
+            if since.elapsed() >= SPIN_BEFORE_SLEEP {
+                let limit = if driver.idle() {
+                    SLEEP_IDLE
+                } else {
+                    SLEEP_IN_FLIGHT
+                };
+                if driver.sleep(limit) {
+                    continue;
+                }
             }
         }
         match idle {

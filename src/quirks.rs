@@ -61,6 +61,16 @@
 //! - **No link speed**: shm and sm2 report none; NCCL then opens 2 channels at the 100 Gb/s it
 //!   assumes. They are announced at 400 Gb/s so NCCL opens 4 and 4 endpoints copy at once
 //!   (all_reduce busbw at 1 GiB: 9.3 → 14.5 GB/s on a 32-core machine) ([`unreported_speed_mbps`]).
+//! - **Wait objects that tell all**: a progress thread with nothing to do may sleep on its
+//!   completion queue's wait object only where that fd polls readable for everything the
+//!   thread would wait for. tcp puts every socket of the domain (readable, and writable while
+//!   sends are queued) under its CQ's wait object (2.1: its progress engine's epoll set,
+//!   `xnet_cq_open`; 1.17: the sockets themselves, `tcpx_progress`), and rxm adds tcp's CQ
+//!   under its own (`rxm_ep_msg_cq_open`, both versions).
+//!   shm's and sm2's peers write into shared memory and signal nothing; rxd's retransmit timers
+//!   and ucx's worker are not behind theirs in a way the plugin has checked; rxm's connection
+//!   events (its EQ) are not under the CQ's wait object with manual progress, so sleeps are
+//!   bounded ([`wait_object_tells_all`], `progress`).
 
 use crate::error::Result;
 use crate::fabric::{Info, OwnedInfo};
@@ -123,6 +133,13 @@ pub fn keeps_iov(provider: &str) -> bool {
 /// buffers such a provider is driven by NCCL's calls only.
 pub fn progress_needs_cuda_context(provider: &str) -> bool {
     provider == "ucx"
+}
+
+/// Whether a progress thread may sleep on the completion queue's wait object of `provider` at
+/// libfabric `version` (see the module notes): `tcp` and `tcp;ofi_rxm` from libfabric 1.17
+/// (the versions read and tested: 1.17.0 and 2.1.0).
+pub fn wait_object_tells_all(provider: &str, version: u32) -> bool {
+    matches!(provider, "tcp" | "tcp;ofi_rxm") && version >= crate::fabric::fi_version(1, 17)
 }
 
 /// Whether `-FI_ENOMEM` from a post means "no free entry in the queue now".

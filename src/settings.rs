@@ -38,6 +38,7 @@ pub const SPEED_MBPS: &str = "NCCL_FABRIC_SPEED_MBPS";
 pub const ALLOW_TCP_RDM: &str = "NCCL_FABRIC_ALLOW_NATIVE_TCP";
 pub const LOG: &str = "NCCL_FABRIC_LOG";
 pub const PROGRESS_THREAD: &str = "NCCL_FABRIC_PROGRESS_THREAD";
+pub const PROGRESS_WAIT: &str = "NCCL_FABRIC_PROGRESS_WAIT";
 pub const LANES: &str = "NCCL_FABRIC_LANES";
 pub const PEER_TIMEOUT_MS: &str = "NCCL_FABRIC_PEER_TIMEOUT_MS";
 pub const MAX_RECVS: &str = "NCCL_FABRIC_MAX_RECVS";
@@ -178,6 +179,17 @@ pub const TABLE: &[Setting] = &[
                   device) fit in this rank's CPUs beside NCCL's own 2 (see NCCL_FABRIC_LANES)",
     },
     Setting {
+        name: PROGRESS_WAIT,
+        kind: Kind::Choice(&["auto", "spin"]),
+        default: "auto",
+        meaning: "what a progress thread does when it finds nothing to do: `auto`: after 50 µs it \
+                  sleeps on the provider's wait object, which wakes it when data arrives, a \
+                  socket takes more or NCCL hands it work (`tcp;ofi_rxm` and `tcp`; other \
+                  providers spin, then nap); `spin`: it spins, yields, then naps 20–200 µs \
+                  while operations are in flight, as other providers do",
+
+    },
+    Setting {
         name: LOG,
         kind: Kind::Choice(&["off", "warn", "info", "debug", "trace"]),
         default: "warn",
@@ -233,6 +245,8 @@ pub struct Settings {
     pub speed_mbps: u64,
     pub allow_native_tcp: bool,
     pub progress_thread: bool,
+    /// Whether progress threads may sleep on the provider's wait object.
+    pub progress_sleeps: bool,
     /// Shared endpoints per device and role (at least 1).
     pub lanes: usize,
     /// Whether `lanes` and `progress_thread` were left to the plugin (see [`sizing_for`]).
@@ -338,6 +352,7 @@ impl Settings {
             speed_mbps: number(SPEED_MBPS)?,
             allow_native_tcp: value(&lookup, ALLOW_TCP_RDM)? == "yes",
             progress_thread: threads == "yes",
+            progress_sleeps: value(&lookup, PROGRESS_WAIT)? == "auto",
             lanes: lanes.max(1) as usize,
             lanes_auto: lanes == 0,
             threads_auto: threads == "auto",

@@ -82,7 +82,7 @@ fn no_module_imports_itself_through_others() {
 const LAYERS: &[(&str, &[&str])] = &[
     (
         "C types and the system",
-        &["sys", "nccl", "random", "nic", "tags", "overflow"],
+        &["sys", "nccl", "random", "nic", "tags", "overflow", "wake"],
     ),
     (
         "errors and logging; what NCCL decided about GPU buffers",

@@ -291,6 +291,112 @@ fn two_ranks_on_threads_with_an_endpoint_per_comm() {
     );
 }
 
+/// Whether a thread named `nfab-progress` of this process sleeps in `poll` now (its kernel
+/// wait channel), and whether any such thread exists.
+fn progress_threads_in_poll() -> (bool, bool) {
+    let (mut any, mut polling) = (false, false);
+    for t in std::fs::read_dir("/proc/self/task")
+        .expect("/proc/self/task")
+        .flatten()
+    {
+        let read = |f: &str| std::fs::read_to_string(t.path().join(f)).unwrap_or_default();
+        if read("comm").trim() == "nfab-progress" {
+            any = true;
+            polling |= read("wchan").contains("poll");
+        }
+    }
+    (any, polling)
+}
+
+#[test]
+#[ignore = "child process of another test"]
+fn child_sleeping_progress() {
+    let lib = init();
+    let until = deadline(60);
+    let (send, recv) = lib.connect_pair(0, until).expect("connect pair");
+    let mut out = *b"12345678";
+    let mut into = [0u8; 8];
+    // SAFETY: both buffers outlive their registrations and requests below.
+    let (smr, rmr) = unsafe {
+        (
+            lib.reg_mr(send, out.as_mut_ptr().cast(), 8, PTR_HOST)
+                .expect("regMr"),
+            lib.reg_mr(recv, into.as_mut_ptr().cast(), 8, PTR_HOST)
+                .expect("regMr"),
+        )
+    };
+    for round in 0..3 {
+        // SAFETY: as above.
+        let r = unsafe { lib.irecv_until(recv, into.as_mut_ptr().cast(), 8, rmr, until) }
+            .expect("irecv");
+        // A receive waits for a message that comes 400 ms later, and the sending endpoint has
+        // nothing to do: where the provider allows, their threads sleep in poll meanwhile.
+        let quiet = Instant::now() + Duration::from_millis(400);
+        let mut seen = (false, false);
+        while Instant::now() < quiet {
+            let now = progress_threads_in_poll();
+            seen = (seen.0 | now.0, seen.1 | now.1);
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        assert!(seen.0, "no progress thread found");
+        assert_eq!(
+            lib.test(r).expect("test"),
+            None,
+            "received before anything was sent"
+        );
+        out[0] = b'a' + round;
+        // The send wakes the sending thread (its bell), the message the receiving one.
+        // SAFETY: as above.
+        let s = unsafe { lib.isend_until(send, out.as_mut_ptr().cast(), 8, smr, until) }
+            .expect("isend");
+        assert_eq!(lib.wait(r, deadline(20)).expect("receive"), 8);
+        lib.wait(s, deadline(20)).expect("send");
+        assert_eq!(into, out, "data of round {round}");
+        println!("RESULT slept{round}={}", u8::from(seen.1));
+    }
+    lib.dereg_mr(send, smr).expect("deregMr");
+    lib.dereg_mr(recv, rmr).expect("deregMr");
+    lib.close_send(send).expect("closeSend");
+    lib.close_recv(recv).expect("closeRecv");
+    println!("RESULT ok=1");
+}
+
+/// Progress threads sleep in poll on providers whose wait object tells all (tcp and
+/// tcp;ofi_rxm) unless told to spin, never elsewhere, and wake for a message that comes and
+/// for a send handed to them.
+#[test]
+fn progress_threads_sleep_where_the_provider_wakes_them() {
+    for p in data_providers() {
+        for wait in ["auto", "spin"] {
+            let mut env = provider_env(p);
+            env.push(("NCCL_FABRIC_PROGRESS_THREAD".into(), "yes".into()));
+            env.push(("NCCL_FABRIC_PROGRESS_WAIT".into(), wait.into()));
+            let f = run_child("child_sleeping_progress", &env, child_timeout());
+            assert!(
+                f.success && f.result("ok").is_some(),
+                "over {p} with {wait}\n--- stdout\n{}\n--- stderr\n{}",
+                f.stdout,
+                f.stderr
+            );
+            let sleeps = wait == "auto" && p.starts_with("tcp");
+            // Every round where the threads sleep (a busy machine may keep one from being
+            // seen asleep in a round: at least one of the three).
+            let slept = (0..3)
+                .filter(|r| f.result(&format!("slept{r}")).as_deref() == Some("1"))
+                .count();
+            if sleeps {
+                assert!(
+                    slept >= 1,
+                    "over {p} with {wait}: never seen in poll\n{}",
+                    f.stdout
+                );
+            } else {
+                assert_eq!(slept, 0, "over {p} with {wait}: seen in poll\n{}", f.stdout);
+            }
+        }
+    }
+}
+
 // ---------------------------------------------------------------------------------------
 // Two processes: handles cross over pipes.
 

@@ -1,5 +1,5 @@
 //! What several benchmarks share: rendezvous through files between the processes of one run,
-//! one message each way through a comm pair, and the process's own memory.
+//! one message each way through a comm pair, and the process's own memory and CPU time.
 #![allow(dead_code)]
 
 use nccl_net_host::{PluginLib, Ptr};
@@ -68,4 +68,16 @@ pub fn exchange(
     };
     lib.wait(s, until).expect("send done");
     lib.wait(r, until).expect("recv done")
+}
+
+/// CPU seconds (user and system) this process has used so far, all its threads.
+pub fn cpu_seconds() -> f64 {
+    // SAFETY: getrusage fills the zeroed struct.
+    let u = unsafe {
+        let mut u: libc::rusage = std::mem::zeroed();
+        libc::getrusage(libc::RUSAGE_SELF, &mut u);
+        u
+    };
+    let t = |tv: libc::timeval| tv.tv_sec as f64 + tv.tv_usec as f64 / 1e6;
+    t(u.ru_utime) + t(u.ru_stime)
 }
