@@ -7,7 +7,7 @@
 //! the ping-pong. Prints GB/s per size, the 8-byte half round trip (10 runs, sorted), and
 //! plugin/raw ratios, with the CPU seconds the process spent per GB moved (both sides, the
 //! plugin's threads included). The plugin runs with the environment's settings: e.g.
-//! `NCCL_FABRIC_PROGRESS_THREAD=yes` with `NCCL_FABRIC_PROGRESS_WAIT=spin` or `auto`.
+//! `NCCL_FABRIC_PROGRESS_THREAD=yes` with `NCCL_FABRIC_PROGRESS_SPIN_US=10000000` (never sleep).
 
 mod common;
 
@@ -285,12 +285,10 @@ fn run_one(provider: &str) {
         } else {
             "no"
         },
-        nccl_net_fabric::settings::PROGRESS_WAIT,
-        if settings.progress_sleeps {
-            "auto"
-        } else {
-            "spin"
-        },
+        nccl_net_fabric::settings::PROGRESS_SPIN_US,
+        settings
+            .progress_spin
+            .map_or("never".into(), |d| d.as_micros().to_string()),
     );
 
     // Raw libfabric: a sends to b on one pair of endpoints, b answers on another.

@@ -310,8 +310,9 @@ pub struct LaneConfig {
     /// came for [`NUDGE`] (off where only NCCL's threads may drive the provider: see
     /// `quirks::progress_needs_cuda_context`).
     pub nudge: bool,
-    /// Whether progress threads may sleep on the provider's wait object (see `progress`).
-    pub sleeps: bool,
+    /// How long progress threads spin before they sleep on the provider's wait object
+    /// (`None`: never; see `progress`).
+    pub spin: Option<Duration>,
 }
 
 /// How long a lane that NCCL's calls drive may go without a turn while the provider holds
@@ -562,7 +563,7 @@ impl LanePool {
         let label = format!("{} endpoint on {}", endpoint.provider, c.label);
         let driver = Driver::new(queue, inbox.clone(), health.clone(), label);
         let (link, threaded) = match c.threaded {
-            true => match Progress::spawn(driver, &inbox, c.sleeps) {
+            true => match Progress::spawn(driver, &inbox, c.spin) {
                 Ok(p) => (Link::Thread(p), true),
                 Err(d) => (Link::Caller(d), false),
             },

@@ -216,7 +216,7 @@ fn open_devices(
             linger: Duration::from_millis(settings.linger_ms),
             schedule: Box::new(crate::control::later),
             nudge: !nccl_threads_only,
-            sleeps: settings.progress_sleeps,
+            spin: settings.progress_spin,
         });
         let liveness = Liveness {
             timeout: Duration::from_millis(settings.peer_timeout_ms),

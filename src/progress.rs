@@ -2,9 +2,8 @@
 //! data while NCCL's threads do other work, and posts what NCCL's calls handed in.
 //!
 //! It spins while work comes. Where the provider's wait object tells all
-//! (`quirks::wait_object_tells_all`) and sleeping is allowed (`NCCL_FABRIC_PROGRESS_WAIT`),
-//! a thread that found nothing to do for [`SPIN_BEFORE_SLEEP`] sleeps in `poll` on that fd and
-//! its inbox's bell: it wakes when data arrives, a socket takes more, or a command comes, and
+//! (`quirks::wait_object_tells_all`), a thread that found nothing to do for
+//! `NCCL_FABRIC_PROGRESS_SPIN_US` (50 µs) sleeps in `poll` on that fd and its inbox's bell: it wakes when data arrives, a socket takes more, or a command comes, and
 //! after [`SLEEP_IN_FLIGHT`] at most while operations are in flight. Elsewhere it yields, then
 //! naps (20 µs, later 200 µs) while operations are in flight. Once nothing is in flight it
 //! sleeps (50 ms): then no completion can come, and a new operation wakes it at once
@@ -16,9 +15,6 @@ use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-/// How long a thread that finds nothing to do spins before it sleeps on the provider's wait
-/// object: a reply that comes sooner (a small message's round trip) finds it awake.
-pub const SPIN_BEFORE_SLEEP: Duration = Duration::from_micros(50);
 /// The longest sleep on the wait object while operations are in flight: rxm's connection
 /// events are not behind it.
 pub const SLEEP_IN_FLIGHT: Duration = Duration::from_millis(1);
@@ -33,12 +29,13 @@ pub struct Progress {
 }
 
 impl Progress {
-    /// Starts a thread that drives `driver`, sleeping on the provider's wait object when
-    /// `sleeps` (see the module notes); gives the driver back if no thread can start.
+    /// Starts a thread that drives `driver`, sleeping on the provider's wait object after
+    /// `spin` without work (`None`: never; see the module notes); gives the driver back if
+    /// no thread can start.
     pub fn spawn(
         driver: Driver,
         inbox: &Arc<crate::driver::Inbox>,
-        sleeps: bool,
+        spin: Option<Duration>,
     ) -> Result<Progress, Box<Driver>> {
         let stop = Arc::new(AtomicBool::new(false));
         let stopped = stop.clone();
@@ -49,7 +46,7 @@ impl Progress {
             .name("nfab-progress".into())
             .spawn(move || {
                 let mut driver = taken.lock().take().expect("handed over before start");
-                run(&mut driver, &stopped, sleeps);
+                run(&mut driver, &stopped, spin);
                 driver
             });
         match started {
@@ -84,7 +81,7 @@ impl Progress {
     }
 }
 
-fn run(driver: &mut Driver, stop: &AtomicBool, sleeps: bool) {
+fn run(driver: &mut Driver, stop: &AtomicBool, spin: Option<Duration>) {
     let mut idle = 0u32;
     // When the turns started finding nothing (checked every few turns).
     let mut quiet_since = None;
@@ -103,9 +100,9 @@ fn run(driver: &mut Driver, stop: &AtomicBool, sleeps: bool) {
                 return;
             }
         }
-        if sleeps && idle > 0 && idle % 16 == 0 {
+        if let Some(spin) = spin.filter(|_| idle > 0 && idle % 16 == 0) {
             let since = *quiet_since.get_or_insert_with(Instant::now);
-            if since.elapsed() >= SPIN_BEFORE_SLEEP {
+            if since.elapsed() >= spin {
                 let limit = if driver.idle() {
                     SLEEP_IDLE
                 } else {

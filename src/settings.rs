@@ -4,6 +4,7 @@
 //! test checks the two agree.
 
 use crate::error::{Error, Result};
+use std::time::Duration;
 
 /// What kind of value a setting takes.
 #[derive(Debug, Clone, Copy)]
@@ -38,7 +39,7 @@ pub const SPEED_MBPS: &str = "NCCL_FABRIC_SPEED_MBPS";
 pub const ALLOW_TCP_RDM: &str = "NCCL_FABRIC_ALLOW_NATIVE_TCP";
 pub const LOG: &str = "NCCL_FABRIC_LOG";
 pub const PROGRESS_THREAD: &str = "NCCL_FABRIC_PROGRESS_THREAD";
-pub const PROGRESS_WAIT: &str = "NCCL_FABRIC_PROGRESS_WAIT";
+pub const PROGRESS_SPIN_US: &str = "NCCL_FABRIC_PROGRESS_SPIN_US";
 pub const LANES: &str = "NCCL_FABRIC_LANES";
 pub const PEER_TIMEOUT_MS: &str = "NCCL_FABRIC_PEER_TIMEOUT_MS";
 pub const MAX_RECVS: &str = "NCCL_FABRIC_MAX_RECVS";
@@ -179,15 +180,14 @@ pub const TABLE: &[Setting] = &[
                   device) fit in this rank's CPUs beside NCCL's own 2 (see NCCL_FABRIC_LANES)",
     },
     Setting {
-        name: PROGRESS_WAIT,
-        kind: Kind::Choice(&["auto", "spin"]),
-        default: "auto",
-        meaning: "what a progress thread does when it finds nothing to do: `auto`: after 50 µs it \
-                  sleeps on the provider's wait object, which wakes it when data arrives, a \
+        name: PROGRESS_SPIN_US,
+        kind: Kind::Number { min: 0, max: 10_000_000 },
+        default: "50",
+        meaning: "how long a progress thread that finds nothing to do spins before it sleeps in \
+                  `poll` on the provider's wait object, which wakes it when data arrives, a \
                   socket takes more or NCCL hands it work (`tcp;ofi_rxm` and `tcp`; other \
-                  providers spin, then nap); `spin`: it spins, yields, then naps 20–200 µs \
-                  while operations are in flight, as other providers do",
-
+                  providers' threads spin, yield, then nap 20–200 µs while operations are in \
+                  flight); 0 sleeps at once, 10000000 never",
     },
     Setting {
         name: LOG,
@@ -245,8 +245,9 @@ pub struct Settings {
     pub speed_mbps: u64,
     pub allow_native_tcp: bool,
     pub progress_thread: bool,
-    /// Whether progress threads may sleep on the provider's wait object.
-    pub progress_sleeps: bool,
+    /// How long a progress thread with nothing to do spins before it sleeps on the
+    /// provider's wait object (`None`: never).
+    pub progress_spin: Option<Duration>,
     /// Shared endpoints per device and role (at least 1).
     pub lanes: usize,
     /// Whether `lanes` and `progress_thread` were left to the plugin (see [`sizing_for`]).
@@ -352,7 +353,8 @@ impl Settings {
             speed_mbps: number(SPEED_MBPS)?,
             allow_native_tcp: value(&lookup, ALLOW_TCP_RDM)? == "yes",
             progress_thread: threads == "yes",
-            progress_sleeps: value(&lookup, PROGRESS_WAIT)? == "auto",
+            progress_spin: Some(Duration::from_micros(number(PROGRESS_SPIN_US)?))
+                .filter(|&d| d < Duration::from_secs(10)),
             lanes: lanes.max(1) as usize,
             lanes_auto: lanes == 0,
             threads_auto: threads == "auto",

@@ -362,23 +362,24 @@ fn child_sleeping_progress() {
 }
 
 /// Progress threads sleep in poll on providers whose wait object tells all (tcp and
-/// tcp;ofi_rxm) unless told to spin, never elsewhere, and wake for a message that comes and
+/// tcp;ofi_rxm) unless told never to, never elsewhere, and wake for a message that comes and
 /// for a send handed to them.
 #[test]
 fn progress_threads_sleep_where_the_provider_wakes_them() {
     for p in data_providers() {
-        for wait in ["auto", "spin"] {
+        // The default 50 µs, at once, never.
+        for spin in ["50", "0", "10000000"] {
             let mut env = provider_env(p);
             env.push(("NCCL_FABRIC_PROGRESS_THREAD".into(), "yes".into()));
-            env.push(("NCCL_FABRIC_PROGRESS_WAIT".into(), wait.into()));
+            env.push(("NCCL_FABRIC_PROGRESS_SPIN_US".into(), spin.into()));
             let f = run_child("child_sleeping_progress", &env, child_timeout());
             assert!(
                 f.success && f.result("ok").is_some(),
-                "over {p} with {wait}\n--- stdout\n{}\n--- stderr\n{}",
+                "over {p} spinning {spin} µs\n--- stdout\n{}\n--- stderr\n{}",
                 f.stdout,
                 f.stderr
             );
-            let sleeps = wait == "auto" && p.starts_with("tcp");
+            let sleeps = spin != "10000000" && p.starts_with("tcp");
             // Every round where the threads sleep (a busy machine may keep one from being
             // seen asleep in a round: at least one of the three).
             let slept = (0..3)
@@ -387,11 +388,15 @@ fn progress_threads_sleep_where_the_provider_wakes_them() {
             if sleeps {
                 assert!(
                     slept >= 1,
-                    "over {p} with {wait}: never seen in poll\n{}",
+                    "over {p} spinning {spin} µs: never seen in poll\n{}",
                     f.stdout
                 );
             } else {
-                assert_eq!(slept, 0, "over {p} with {wait}: seen in poll\n{}", f.stdout);
+                assert_eq!(
+                    slept, 0,
+                    "over {p} spinning {spin} µs: seen in poll\n{}",
+                    f.stdout
+                );
             }
         }
     }
