@@ -68,6 +68,12 @@
 #                (NCCL_FABRIC_HMEM=off) and Socket for each of $UCXHOSTS_TESTS (all_reduce_perf
 #                sendrecv_perf alltoall_perf), all_reduce also without the GDR setting; NCCL's
 #                GPU Direct RDMA lines, /GDRDMA channels and the plugin's INFO lines
+#   targets      what the performance targets compare, two ranks as two hosts, as much as fits in
+#                $TARGETS_BUDGET seconds of the script (default 540; what does not fit is named
+#                in the summary): all_reduce_perf -b 8 -e 1G (Socket as shipped, 4x4, 2x8, the
+#                plugin and $HOSTS_FABRIC_VARIANTS), sendrecv_perf and alltoall_perf -b 8 -e 256M,
+#                mpirun's default binding (one core per rank), torchhosts; $TARGETS_PARTS picks
+#                (default "allreduce sendrecv alltoall bound torch")
 #   all          libfabric nccltests doctor loading collectives variants mpi torch (about 10 min)
 #   issue10      libfabric nccltests compare torch loading
 #
@@ -694,8 +700,9 @@ stage_hosts() {
   fi
   hosts_run hosts$tag-fabric "$test" "${fab[@]}"
   names+=(hosts$tag-fabric)
-  # Variants: ;-separated, each a space-separated list of VAR=VALUE.
+  # Variants: ;-separated, each a space-separated list of VAR=VALUE ("none": no variant).
   IFS=';' read -ra variants <<<"${HOSTS_FABRIC_VARIANTS:-NCCL_FABRIC_DOMAINS=eth0}"
+  [ "${HOSTS_FABRIC_VARIANTS:-}" = none ] && variants=()
   for v in "${variants[@]}"; do
     i=$((i + 1))
     local plugin=("${fab[@]}") label=$v
@@ -933,6 +940,25 @@ stage_steps() {
     python3 scripts/gpu/steps.py --header
     printf '%s\n' "${rows[@]}"
   } >>"$summary"
+}
+
+stage_targets() {
+  local part budget=${TARGETS_BUDGET:-540}
+  for part in ${TARGETS_PARTS:-allreduce sendrecv alltoall bound torch}; do
+    if [ "$SECONDS" -ge "$budget" ]; then
+      echo "- targets: $part not run (${SECONDS}s of the ${budget}s budget used)" >>"$summary"
+      continue
+    fi
+    log "targets: $part"
+    case $part in
+      allreduce) MINBYTES=8 MAXBYTES=1G stage_hosts ;;
+      sendrecv | alltoall)
+        MINBYTES=8 MAXBYTES=256M HOSTS_TEST=${part}_perf HOSTS_FABRIC_VARIANTS=none stage_hosts ;;
+      bound) MINBYTES=1M MAXBYTES=1G HOSTS_BIND="--bind-to core" HOSTS_TAG=bound HOSTS_FABRIC_VARIANTS=none stage_hosts ;;
+      torch) stage_torchhosts ;;
+      *) log "targets: no part $part" ;;
+    esac
+  done
 }
 
 # conform: `nccl-net-fabric conform` over ucx (GPU rows included) with libfabric built with
