@@ -817,24 +817,32 @@ stage_ucxhosts() {
   } >>"$summary"
 }
 
+# threads_cmd NAME: sets `cmd` to the 1 GiB all_reduce_perf run of the threads stage, two ranks
+# as two hosts, for socket2x8, fabric or fabric-spin (progress threads that never sleep).
+threads_cmd() {
+  local how
+  case $1 in
+    socket2x8) how=(NCCL_NET=Socket NCCL_NET_PLUGIN=none NCCL_SOCKET_NTHREADS=2 NCCL_NSOCKS_PERTHREAD=8) ;;
+    fabric) how=(NCCL_NET=Fabric NCCL_NET_PLUGIN="$PLUGIN_LIB/libnccl-net-fabric.so") ;;
+    fabric-spin) how=(NCCL_NET=Fabric NCCL_NET_PLUGIN="$PLUGIN_LIB/libnccl-net-fabric.so" NCCL_FABRIC_PROGRESS_SPIN_US=10000000) ;;
+  esac
+  cmd=(timeout -k 10 "$TIMEOUT" mpirun --allow-run-as-root --bind-to none -np 2
+    bash -c 'export NCCL_HOSTID=h$OMPI_COMM_WORLD_RANK; exec env "$@"' _
+    NCCL_TESTS_DEVICE=0 NCCL_DEBUG=INFO NCCL_DEBUG_SUBSYS=INIT,NET "${how[@]}"
+    "$NCCL_TESTS_MPI_DIR/all_reduce_perf" -b 1G -e 1G -g 1 -n "${THREADS_ITERS:-40}" -w 5)
+}
+
 # threads: where the CPU goes at 1 GiB, two ranks as two hosts, all_reduce_perf -b 1G -e 1G
-# -n $THREADS_ITERS (40): CPU seconds by thread name (scripts/gpu/threads.py) for Socket 2x8
-# and the plugin as it sizes itself; where perf is installed, also a system-wide profile of
-# the plugin's run by thread and shared object, and its hottest symbols.
+# -n $THREADS_ITERS (40): CPU seconds by thread name (scripts/gpu/threads.py) for Socket 2x8,
+# the plugin as it sizes itself and with threads that never sleep; where perf is installed (or comes in $PERF_TARBALL), a
+# profile of both runs by thread and shared object, and by thread and symbol.
 stage_threads() {
   plugin_env
   start_mps
-  local name how
-  for name in socket2x8 fabric; do
-    case $name in
-      socket2x8) how=(NCCL_NET=Socket NCCL_NET_PLUGIN=none NCCL_SOCKET_NTHREADS=2 NCCL_NSOCKS_PERTHREAD=8) ;;
-      fabric) how=(NCCL_NET=Fabric NCCL_NET_PLUGIN="$PLUGIN_LIB/libnccl-net-fabric.so") ;;
-    esac
+  local name cmd
+  for name in socket2x8 fabric fabric-spin; do
     log "threads $name"
-    local cmd=(timeout -k 10 "$TIMEOUT" mpirun --allow-run-as-root --bind-to none -np 2
-      bash -c 'export NCCL_HOSTID=h$OMPI_COMM_WORLD_RANK; exec env "$@"' _
-      NCCL_TESTS_DEVICE=0 NCCL_DEBUG=INFO NCCL_DEBUG_SUBSYS=INIT,NET "${how[@]}"
-      "$NCCL_TESTS_MPI_DIR/all_reduce_perf" -b 1G -e 1G -g 1 -n "${THREADS_ITERS:-40}" -w 5)
+    threads_cmd "$name"
     {
       echo
       echo "## CPU by thread: $name, all_reduce_perf 1 GiB x ${THREADS_ITERS:-40}, two ranks as two hosts"
@@ -846,15 +854,8 @@ stage_threads() {
   perf_setup
   if command -v perf >/dev/null; then
     for name in socket2x8 fabric; do
-      case $name in
-        socket2x8) how=(NCCL_NET=Socket NCCL_NET_PLUGIN=none NCCL_SOCKET_NTHREADS=2 NCCL_NSOCKS_PERTHREAD=8) ;;
-        fabric) how=(NCCL_NET=Fabric NCCL_NET_PLUGIN="$PLUGIN_LIB/libnccl-net-fabric.so") ;;
-      esac
       log "perf over $name"
-      local cmd=(timeout -k 10 "$TIMEOUT" mpirun --allow-run-as-root --bind-to none -np 2
-        bash -c 'export NCCL_HOSTID=h$OMPI_COMM_WORLD_RANK; exec env "$@"' _
-        NCCL_TESTS_DEVICE=0 "${how[@]}"
-        "$NCCL_TESTS_MPI_DIR/all_reduce_perf" -b 1G -e 1G -g 1 -n "${THREADS_ITERS:-40}" -w 5)
+      threads_cmd "$name"
       # System-wide where the kernel lets us, else the run's processes and their children.
       perf record -F 499 -a -g -o "$work/perf-$name.data" -- "${cmd[@]}" >"$OUT/logs/perf-$name.log" 2>&1 \
         || perf record -F 499 -g -o "$work/perf-$name.data" -- "${cmd[@]}" >>"$OUT/logs/perf-$name.log" 2>&1
