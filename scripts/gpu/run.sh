@@ -72,7 +72,8 @@
 #                $TARGETS_BUDGET seconds of the script (default 540; what does not fit is named
 #                in the summary): all_reduce_perf -b 8 -e 1G (Socket as shipped, 4x4, 2x8, the
 #                plugin and $HOSTS_FABRIC_VARIANTS), sendrecv_perf and alltoall_perf -b 8 -e 256M,
-#                mpirun's default binding (one core per rank), torchhosts; $TARGETS_PARTS picks
+#                mpirun's default binding (one core per rank; also with progress threads),
+#                torchhosts; $TARGETS_PARTS picks
 #                (default "allreduce sendrecv alltoall bound torch")
 #   all          libfabric nccltests doctor loading collectives variants mpi torch (about 10 min)
 #   issue10      libfabric nccltests compare torch loading
@@ -955,7 +956,9 @@ stage_targets() {
       allreduce) MINBYTES=8 MAXBYTES=1G stage_hosts ;;
       sendrecv | alltoall)
         MINBYTES=8 MAXBYTES=256M HOSTS_TEST=${part}_perf HOSTS_FABRIC_VARIANTS=none stage_hosts ;;
-      bound) MINBYTES=1M MAXBYTES=1G HOSTS_BIND="--bind-to core" HOSTS_TAG=bound HOSTS_FABRIC_VARIANTS=none stage_hosts ;;
+      # On one core a progress thread that sleeps may be worth it where one that spins is not.
+      bound) MINBYTES=1M MAXBYTES=1G HOSTS_BIND="--bind-to core" HOSTS_TAG=bound \
+        HOSTS_FABRIC_VARIANTS="NCCL_FABRIC_PROGRESS_THREAD=yes" stage_hosts ;;
       torch) stage_torchhosts ;;
       *) log "targets: no part $part" ;;
     esac
