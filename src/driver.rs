@@ -192,14 +192,15 @@ impl Inbox {
     }
 
     /// Marks the worker asleep for `sleep` (which polls the bell): skipped if a command is
-    /// waiting. Returns whether it slept.
-    pub fn doze(&self, sleep: impl FnOnce(&Bell)) -> bool {
+    /// waiting or the worker is to stop (`stop`, set before [`Inbox::wake_worker`] is
+    /// called). Returns whether it slept.
+    pub fn doze(&self, stop: &AtomicBool, sleep: impl FnOnce(&Bell)) -> bool {
         let Some(bell) = self.bell() else {
             return false;
         };
         self.asleep.store(true, Ordering::Relaxed);
         std::sync::atomic::fence(Ordering::SeqCst);
-        let slept = self.is_empty();
+        let slept = self.is_empty() && !stop.load(Ordering::Relaxed);
         if slept {
             sleep(bell);
         }
@@ -319,17 +320,17 @@ impl Driver {
         self.in_flight.len() + self.waiting.len()
     }
 
-    /// Sleeps until the provider has progress to make, a command arrives, or `timeout`
-    /// passes, where the provider's wait object tells all (see `quirks`); false (at once)
-    /// where it cannot, or something is ready now.
-    pub fn sleep(&mut self, timeout: Duration) -> bool {
+    /// Sleeps until the provider has progress to make, a command arrives, `stop` is set (and
+    /// the inbox's worker woken), or `timeout` passes, where the provider's wait object tells
+    /// all (see `quirks`); false (at once) where it cannot, or something is ready now.
+    pub fn sleep(&mut self, timeout: Duration, stop: &AtomicBool) -> bool {
         let Some(fd) = self.queue.wait_fd() else {
             return false;
         };
         if !self.waiting.is_empty() || !self.queue.may_sleep() {
             return false;
         }
-        self.inbox.doze(|bell| {
+        self.inbox.doze(stop, |bell| {
             crate::wake::readable(&[fd, bell.fd()], timeout);
         })
     }

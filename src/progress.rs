@@ -3,7 +3,8 @@
 //!
 //! It spins while work comes. Where the provider's wait object tells all
 //! (`quirks::wait_object_tells_all`), a thread that found nothing to do for
-//! `NCCL_FABRIC_PROGRESS_SPIN_US` (50 µs) sleeps in `poll` on that fd and its inbox's bell: it wakes when data arrives, a socket takes more, or a command comes, and
+//! `NCCL_FABRIC_PROGRESS_SPIN_US` (50 µs) sleeps in `poll` on that fd and its inbox's bell:
+//! it wakes when data arrives, a socket takes more, a command comes or it is stopped, and
 //! after [`SLEEP_IN_FLIGHT`] at most while operations are in flight. Elsewhere it yields, then
 //! naps (20 µs, later 200 µs) while operations are in flight. Once nothing is in flight it
 //! sleeps (50 ms): then no completion can come, and a new operation wakes it at once
@@ -108,7 +109,7 @@ fn run(driver: &mut Driver, stop: &AtomicBool, spin: Option<Duration>) {
                 } else {
                     SLEEP_IN_FLIGHT
                 };
-                if driver.sleep(limit) {
+                if driver.sleep(limit, stop) {
                     continue;
                 }
             }
