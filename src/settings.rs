@@ -517,8 +517,9 @@ impl Settings {
         }
     }
 
-    /// Threads of the plugin that spin while transfers are in flight: two per lane and
-    /// device with progress threads, none without (NCCL's calls then drive).
+    /// Threads of the plugin that are busy while data moves (tcp's sleep in the gaps, other
+    /// providers' spin): two per lane and device with progress threads, none without
+    /// (NCCL's calls then drive).
     pub fn busy_threads(&self) -> usize {
         if self.progress_thread {
             2 * self.lanes * self.devices
