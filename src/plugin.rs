@@ -205,6 +205,31 @@ fn open_devices(
                 c.provider
             );
         }
+        if threaded {
+            let version = crate::fabric::runtime_version();
+            match settings.progress_spin {
+                Some(spin) if crate::quirks::wait_object_tells_all(&c.provider, version) => {
+                    tracing::info!(
+                        "dev {index} {}: progress threads sleep in poll on {}'s sockets once \
+                         they found nothing to do for {} µs (NCCL_FABRIC_PROGRESS_SPIN_US), \
+                         and wake when data arrives or NCCL hands them work",
+                        c.domain,
+                        c.provider,
+                        spin.as_micros()
+                    )
+                }
+                _ => tracing::info!(
+                    "dev {index} {}: progress threads spin while operations are in flight, \
+                     then yield and nap 20-200 µs{}",
+                    c.domain,
+                    if crate::quirks::wait_object_tells_all(&c.provider, version) {
+                        " (NCCL_FABRIC_PROGRESS_SPIN_US=10000000)"
+                    } else {
+                        " (nothing wakes a sleeping thread on this provider)"
+                    }
+                ),
+            }
+        }
         let lanes = LanePool::new(LaneConfig {
             domain: domain.clone(),
             expected_answer,

@@ -372,6 +372,7 @@ fn progress_threads_sleep_where_the_provider_wakes_them() {
             let mut env = provider_env(p);
             env.push(("NCCL_FABRIC_PROGRESS_THREAD".into(), "yes".into()));
             env.push(("NCCL_FABRIC_PROGRESS_SPIN_US".into(), spin.into()));
+            env.push(("NCCL_DEBUG".into(), "INFO".into()));
             let f = run_child("child_sleeping_progress", &env, child_timeout());
             assert!(
                 f.success && f.result("ok").is_some(),
@@ -398,6 +399,16 @@ fn progress_threads_sleep_where_the_provider_wakes_them() {
                     f.stdout
                 );
             }
+            // The INFO line says which.
+            let said = match sleeps {
+                true => format!("progress threads sleep in poll on {p}'s sockets"),
+                false => "progress threads spin while operations are in flight".to_string(),
+            };
+            assert!(
+                f.stderr.contains(&said),
+                "over {p} spinning {spin} µs: no line {said:?}\n{}",
+                f.stderr
+            );
         }
     }
 }
