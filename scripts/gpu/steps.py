@@ -54,7 +54,12 @@ def operations(path):
                     d = ts - open_.pop((name, ident))
                     if d >= 0:
                         op["phases"].setdefault(name, []).append(d)
-    return [o for o in ops if o["stop"] is not None and o["stop"] > o["start"]]
+    ops = [o for o in ops if o["stop"] is not None and o["stop"] > o["start"]]
+    # A state a step never reached has timestamp 0: such a phase spans more than its operation.
+    for o in ops:
+        span = o["stop"] - o["start"]
+        o["phases"] = {k: [d for d in v if d <= span] for k, v in o["phases"].items()}
+    return ops
 
 
 def fmt(x):
