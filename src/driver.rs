@@ -142,8 +142,9 @@ pub struct Inbox {
     len: AtomicUsize,
     /// The thread that drives, woken when a command arrives while it naps.
     worker: OnceLock<Thread>,
-    /// Rung when a command arrives while the worker sleeps in `poll` (see [`Inbox::doze`]).
-    bell: OnceLock<Bell>,
+    /// Rung when a command arrives while the worker sleeps in `poll` (see [`Inbox::doze`]);
+    /// `None` once making it failed.
+    bell: OnceLock<Option<Bell>>,
     asleep: AtomicBool,
 }
 
@@ -165,7 +166,7 @@ impl Inbox {
         // sleeps, or this sees it asleep and rings.
         std::sync::atomic::fence(Ordering::SeqCst);
         if self.asleep.load(Ordering::Relaxed) {
-            if let Some(b) = self.bell.get() {
+            if let Some(Some(b)) = self.bell.get() {
                 b.ring();
             }
         }
@@ -175,38 +176,34 @@ impl Inbox {
     }
 
     /// The bell the worker sleeps on beside its provider's fd, made at the first call
-    /// (`None` if the system has no eventfd left).
+    /// (`None` if the system had no eventfd left then).
     pub fn bell(&self) -> Option<&Bell> {
-        if self.bell.get().is_none() {
-            match Bell::new() {
-                Ok(b) => {
-                    let _ = self.bell.set(b);
-                }
-                Err(e) => {
-                    tracing::debug!("no eventfd for a progress thread ({e}); it naps instead");
-                    return None;
-                }
-            }
-        }
-        self.bell.get()
+        self.bell
+            .get_or_init(|| {
+                Bell::new()
+                    .map_err(|e| {
+                        tracing::debug!("no eventfd for a progress thread ({e}); it naps instead")
+                    })
+                    .ok()
+            })
+            .as_ref()
     }
 
     /// Marks the worker asleep for `sleep` (which polls the bell): skipped if a command is
     /// waiting or the worker is to stop (`stop`, set before [`Inbox::wake_worker`] is
-    /// called). Returns whether it slept.
+    /// called). False if there is no bell to sleep on.
     pub fn doze(&self, stop: &AtomicBool, sleep: impl FnOnce(&Bell)) -> bool {
         let Some(bell) = self.bell() else {
             return false;
         };
         self.asleep.store(true, Ordering::Relaxed);
         std::sync::atomic::fence(Ordering::SeqCst);
-        let slept = self.is_empty() && !stop.load(Ordering::Relaxed);
-        if slept {
+        if self.is_empty() && !stop.load(Ordering::Relaxed) {
             sleep(bell);
         }
         self.asleep.store(false, Ordering::Relaxed);
         bell.silence();
-        slept
+        true
     }
     pub fn is_empty(&self) -> bool {
         self.len.load(Ordering::Acquire) == 0
@@ -320,15 +317,25 @@ impl Driver {
         self.in_flight.len() + self.waiting.len()
     }
 
+    /// Whether the queue has a wait object to sleep on (see [`Driver::sleep`]).
+    pub fn can_sleep(&self) -> bool {
+        self.queue.wait_fd().is_some()
+    }
+
     /// Sleeps until the provider has progress to make, a command arrives, `stop` is set (and
     /// the inbox's worker woken), or `timeout` passes, where the provider's wait object tells
-    /// all (see `quirks`); false (at once) where it cannot, or something is ready now.
+    /// all (see `quirks`). True: turn again now (it slept, or something is ready); false: it
+    /// cannot sleep (no wait object or bell, or posts the provider refused wait to be tried
+    /// again), so the caller spins, yields or naps.
     pub fn sleep(&mut self, timeout: Duration, stop: &AtomicBool) -> bool {
         let Some(fd) = self.queue.wait_fd() else {
             return false;
         };
-        if !self.waiting.is_empty() || !self.queue.may_sleep() {
+        if !self.waiting.is_empty() {
             return false;
+        }
+        if !self.queue.may_sleep() {
+            return true;
         }
         self.inbox.doze(stop, |bell| {
             crate::wake::readable(&[fd, bell.fd()], timeout);

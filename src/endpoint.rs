@@ -138,6 +138,17 @@ impl Endpoint {
         domain: &Arc<Domain>,
         expected_answer: Option<SetoptAnswer>,
     ) -> Result<(Arc<Endpoint>, Queue)> {
+        Self::open_waitable(domain, expected_answer, false)
+    }
+
+    /// As [`Endpoint::open`]; with `waitable`, the completion queue gets a wait object where
+    /// the provider's tells of everything a progress thread waits for (see
+    /// `quirks::wait_object_tells_all`; [`Queue::wait_fd`] says whether it got one).
+    pub fn open_waitable(
+        domain: &Arc<Domain>,
+        expected_answer: Option<SetoptAnswer>,
+        waitable: bool,
+    ) -> Result<(Arc<Endpoint>, Queue)> {
         let renamed = crate::quirks::shm_source_name(domain.info.info())?;
         let info = renamed.as_ref().map_or(domain.info.info(), |r| r.info());
         let mut cq: *mut sys::fid_cq = ptr::null_mut();
@@ -147,15 +158,16 @@ impl Endpoint {
             close_fid("address vector", av.cast());
             close_fid("completion queue", cq.cast());
         };
-        // SAFETY: domain is open; each out-pointer receives a new object. The attribute
-        // structs live on the stack for the duration of the calls that read them.
+        // SAFETY: domain is open; each out-pointer receives a new object (FI_GETWAIT writes
+        // one int into `fd`). The attribute structs live on the stack for the duration of the
+        // calls that read them.
         unsafe {
-            // A wait object where the provider's tells of everything a progress thread waits
-            // for (see `quirks::wait_object_tells_all`); a provider that refuses it gets none.
-            let wants_fd = crate::quirks::wait_object_tells_all(
-                &info.provider(),
-                crate::fabric::runtime_version(),
-            );
+            // A provider that refuses a wait object gets none.
+            let wants_fd = waitable
+                && crate::quirks::wait_object_tells_all(
+                    &info.provider(),
+                    crate::fabric::runtime_version(),
+                );
             let mut open_cq = |wait_obj| {
                 let mut cq_attr = sys::fi_cq_attr {
                     size: CQ_SIZE,

@@ -320,6 +320,9 @@ pub struct LaneConfig {
 /// inside calls (manual progress: rxm, rxd, ucx) keeps moving it while NCCL makes none.
 pub const NUDGE: Duration = Duration::from_millis(20);
 
+/// Whether a provider's refusal of a wait object was told (once per process).
+static REFUSED_WAIT_TOLD: AtomicBool = AtomicBool::new(false);
+
 /// One role's shared lanes, and which one the next comm gets.
 type RoleSlots = (Vec<Option<Arc<Lane>>>, usize);
 
@@ -557,7 +560,23 @@ impl LanePool {
     fn open(self: &Arc<Self>, role: Role, slot: Option<usize>) -> Result<Arc<Lane>> {
         let c = &self.config;
         let domain = c.domain.sibling()?;
-        let (endpoint, queue) = Endpoint::open(&domain, c.expected_answer)?;
+        let sleeps = c.threaded && c.spin.is_some();
+        let (endpoint, queue) = Endpoint::open_waitable(&domain, c.expected_answer, sleeps)?;
+        if sleeps
+            && queue.wait_fd().is_none()
+            && crate::quirks::wait_object_tells_all(
+                &endpoint.provider,
+                crate::fabric::runtime_version(),
+            )
+            && !REFUSED_WAIT_TOLD.swap(true, Ordering::Relaxed)
+        {
+            tracing::info!(
+                "{}: {} gave its completion queue no wait object (FI_WAIT_FD, FI_GETWAIT): \
+                 its progress threads spin and nap instead of sleeping on its sockets",
+                c.label,
+                endpoint.provider
+            );
+        }
         let inbox = Arc::new(Inbox::default());
         let health = Arc::new(Health::default());
         let label = format!("{} endpoint on {}", endpoint.provider, c.label);

@@ -225,7 +225,7 @@ fn open_devices(
                     if crate::quirks::wait_object_tells_all(&c.provider, version) {
                         " (NCCL_FABRIC_PROGRESS_SPIN_US=10000000)"
                     } else {
-                        " (nothing wakes a sleeping thread on this provider)"
+                        " (this provider's wait object would not wake a sleeping thread)"
                     }
                 ),
             }

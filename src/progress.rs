@@ -83,6 +83,8 @@ impl Progress {
 }
 
 fn run(driver: &mut Driver, stop: &AtomicBool, spin: Option<Duration>) {
+    // Where the queue has a wait object to sleep on; elsewhere the spin, yield, nap schedule.
+    let spin = spin.filter(|_| driver.can_sleep());
     let mut idle = 0u32;
     // When the turns started finding nothing (checked every few turns).
     let mut quiet_since = None;
@@ -101,7 +103,7 @@ fn run(driver: &mut Driver, stop: &AtomicBool, spin: Option<Duration>) {
                 return;
             }
         }
-        if let Some(spin) = spin.filter(|_| idle > 0 && idle % 16 == 0) {
+        if let Some(spin) = spin.filter(|_| idle > 0) {
             let since = *quiet_since.get_or_insert_with(Instant::now);
             if since.elapsed() >= spin {
                 let limit = if driver.idle() {
@@ -109,6 +111,8 @@ fn run(driver: &mut Driver, stop: &AtomicBool, spin: Option<Duration>) {
                 } else {
                     SLEEP_IN_FLIGHT
                 };
+                // Slept, or something is ready (a read will find it): turn again at once,
+                // not into the naps below, which nothing but their timer ends.
                 if driver.sleep(limit, stop) {
                     continue;
                 }

@@ -66,11 +66,13 @@
 //!   thread would wait for. tcp puts every socket of the domain (readable, and writable while
 //!   sends are queued) under its CQ's wait object (2.1: its progress engine's epoll set,
 //!   `xnet_cq_open`; 1.17: the sockets themselves, `tcpx_progress`), and rxm adds tcp's CQ
-//!   under its own (`rxm_ep_msg_cq_open`, both versions).
-//!   shm's and sm2's peers write into shared memory and signal nothing; rxd's retransmit timers
-//!   and ucx's worker are not behind theirs in a way the plugin has checked; rxm's connection
-//!   events (its EQ) are not under the CQ's wait object with manual progress, so sleeps are
-//!   bounded ([`wait_object_tells_all`], `progress`).
+//!   under its own (`rxm_ep_msg_cq_open`, both versions) unless `FI_OFI_RXM_DEF_WAIT_OBJ` or
+//!   `FI_OFI_RXM_DEF_TCP_WAIT_OBJ` asks for another kind, which the plugin then respects by
+//!   not sleeping. shm's and sm2's peers write into shared memory and signal nothing; rxd's
+//!   retransmit timers and ucx's worker are not behind theirs in a way the plugin has
+//!   checked. rxm puts its connection events (its EQ) under the CQ's wait object only with
+//!   manual data progress or atomics (`rxm_ep_wait_fd_add`), so sleeps are bounded either way
+//!   ([`wait_object_tells_all`], `progress`).
 
 use crate::error::Result;
 use crate::fabric::{Info, OwnedInfo};
@@ -139,7 +141,17 @@ pub fn progress_needs_cuda_context(provider: &str) -> bool {
 /// libfabric `version` (see the module notes): `tcp` and `tcp;ofi_rxm` from libfabric 1.17
 /// (the versions read and tested: 1.17.0 and 2.1.0).
 pub fn wait_object_tells_all(provider: &str, version: u32) -> bool {
-    matches!(provider, "tcp" | "tcp;ofi_rxm") && version >= crate::fabric::fi_version(1, 17)
+    // rxm nests tcp's CQ under its own only when its msg CQ gets an fd.
+    let rxm_fd = || {
+        ["FI_OFI_RXM_DEF_WAIT_OBJ", "FI_OFI_RXM_DEF_TCP_WAIT_OBJ"]
+            .iter()
+            .all(|v| std::env::var(v).map_or(true, |w| w.eq_ignore_ascii_case("fd")))
+    };
+    match provider {
+        "tcp" => version >= crate::fabric::fi_version(1, 17),
+        "tcp;ofi_rxm" => version >= crate::fabric::fi_version(1, 17) && rxm_fd(),
+        _ => false,
+    }
 }
 
 /// Whether `-FI_ENOMEM` from a post means "no free entry in the queue now".
