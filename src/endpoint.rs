@@ -141,9 +141,9 @@ impl Endpoint {
         Self::open_waitable(domain, expected_answer, false)
     }
 
-    /// As [`Endpoint::open`]; with `waitable`, the completion queue gets a wait object where
-    /// the provider's tells of everything a progress thread waits for (see
-    /// `quirks::wait_object_tells_all`; [`Queue::wait_fd`] says whether it got one).
+    /// As [`Endpoint::open`]; with `waitable`, the completion queue asks for a wait object
+    /// (for providers whose wait object tells all: `quirks::wait_object_tells_all`);
+    /// [`Queue::wait_fd`] says whether it got one.
     pub fn open_waitable(
         domain: &Arc<Domain>,
         expected_answer: Option<SetoptAnswer>,
@@ -162,12 +162,6 @@ impl Endpoint {
         // one int into `fd`). The attribute structs live on the stack for the duration of the
         // calls that read them.
         unsafe {
-            // A provider that refuses a wait object gets none.
-            let wants_fd = waitable
-                && crate::quirks::wait_object_tells_all(
-                    &info.provider(),
-                    crate::fabric::runtime_version(),
-                );
             let mut open_cq = |wait_obj| {
                 let mut cq_attr = sys::fi_cq_attr {
                     size: CQ_SIZE,
@@ -177,17 +171,13 @@ impl Endpoint {
                 };
                 sys::fi_cq_open(domain.raw(), &mut cq_attr, &mut cq, ptr::null_mut())
             };
-            let mut ret = if wants_fd {
-                open_cq(sys::FI_WAIT_FD)
-            } else {
-                -1
-            };
-            if ret != 0 {
-                ret = open_cq(sys::FI_WAIT_NONE);
+            // A provider that refuses a wait object gets none.
+            let with_fd = waitable && open_cq(sys::FI_WAIT_FD) == 0;
+            if !with_fd {
+                check("fi_cq_open", open_cq(sys::FI_WAIT_NONE))?;
             }
-            check("fi_cq_open", ret)?;
             let mut fd: libc::c_int = -1;
-            let wait_fd = (wants_fd
+            let wait_fd = (with_fd
                 && sys::fi_control(
                     &raw mut (*cq).fid,
                     sys::FI_GETWAIT as i32,

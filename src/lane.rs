@@ -311,7 +311,8 @@ pub struct LaneConfig {
     /// `quirks::progress_needs_cuda_context`).
     pub nudge: bool,
     /// How long progress threads spin before they sleep on the provider's wait object
-    /// (`None`: never; see `progress`).
+    /// (`None`: never, or no progress threads, or a provider whose wait object would not
+    /// wake them; see `progress`).
     pub spin: Option<Duration>,
 }
 
@@ -560,16 +561,9 @@ impl LanePool {
     fn open(self: &Arc<Self>, role: Role, slot: Option<usize>) -> Result<Arc<Lane>> {
         let c = &self.config;
         let domain = c.domain.sibling()?;
-        let sleeps = c.threaded && c.spin.is_some();
+        let sleeps = c.spin.is_some();
         let (endpoint, queue) = Endpoint::open_waitable(&domain, c.expected_answer, sleeps)?;
-        if sleeps
-            && queue.wait_fd().is_none()
-            && crate::quirks::wait_object_tells_all(
-                &endpoint.provider,
-                crate::fabric::runtime_version(),
-            )
-            && !REFUSED_WAIT_TOLD.swap(true, Ordering::Relaxed)
-        {
+        if sleeps && queue.wait_fd().is_none() && !REFUSED_WAIT_TOLD.swap(true, Ordering::Relaxed) {
             tracing::info!(
                 "{}: {} gave its completion queue no wait object (FI_WAIT_FD, FI_GETWAIT): \
                  its progress threads spin and nap instead of sleeping on its sockets",

@@ -205,30 +205,31 @@ fn open_devices(
                 c.provider
             );
         }
-        if threaded {
-            let version = crate::fabric::runtime_version();
-            match settings.progress_spin {
-                Some(spin) if crate::quirks::wait_object_tells_all(&c.provider, version) => {
-                    tracing::info!(
-                        "dev {index} {}: progress threads sleep in poll on {}'s sockets once \
-                         they found nothing to do for {} µs (NCCL_FABRIC_PROGRESS_SPIN_US), \
-                         and wake when data arrives or NCCL hands them work",
-                        c.domain,
-                        c.provider,
-                        spin.as_micros()
-                    )
+        // Whether the lanes' progress threads sleep on the provider's wait object, and after
+        // how long: decided once for the device.
+        let wakes =
+            crate::quirks::wait_object_tells_all(&c.provider, crate::fabric::runtime_version());
+        let spin = settings.progress_spin.filter(|_| threaded && wakes);
+        match (threaded, spin) {
+            (true, Some(spin)) => tracing::info!(
+                "dev {index} {}: progress threads sleep in poll on {}'s sockets once they found \
+                 nothing to do for {} µs (NCCL_FABRIC_PROGRESS_SPIN_US), and wake when data \
+                 arrives or NCCL hands them work",
+                c.domain,
+                c.provider,
+                spin.as_micros()
+            ),
+            (true, None) => tracing::info!(
+                "dev {index} {}: progress threads spin while operations are in flight, then \
+                 yield and nap 20-200 µs{}",
+                c.domain,
+                if wakes {
+                    " (NCCL_FABRIC_PROGRESS_SPIN_US=10000000)"
+                } else {
+                    " (this provider's wait object would not wake a sleeping thread)"
                 }
-                _ => tracing::info!(
-                    "dev {index} {}: progress threads spin while operations are in flight, \
-                     then yield and nap 20-200 µs{}",
-                    c.domain,
-                    if crate::quirks::wait_object_tells_all(&c.provider, version) {
-                        " (NCCL_FABRIC_PROGRESS_SPIN_US=10000000)"
-                    } else {
-                        " (this provider's wait object would not wake a sleeping thread)"
-                    }
-                ),
-            }
+            ),
+            (false, _) => {}
         }
         let lanes = LanePool::new(LaneConfig {
             domain: domain.clone(),
@@ -241,7 +242,7 @@ fn open_devices(
             linger: Duration::from_millis(settings.linger_ms),
             schedule: Box::new(crate::control::later),
             nudge: !nccl_threads_only,
-            spin: settings.progress_spin,
+            spin,
         });
         let liveness = Liveness {
             timeout: Duration::from_millis(settings.peer_timeout_ms),
