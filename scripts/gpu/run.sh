@@ -134,9 +134,12 @@ log() { echo "[gpu $(date +%H:%M:%S)] $*" >&2; }
 GPUS=$(nvidia-smi -L 2>/dev/null | wc -l)
 SHAPE=${SHAPE:-$([ "$GPUS" -ge 2 ] && echo gpus || echo hosts)}
 [ "$SHAPE" = hosts ] && export AS_HOSTS=1
-# What mpirun runs before a rank's command to make it a host of its own (hosts shape).
+# The script `bash -c "$AS_HOST_SH" _ [VAR=VALUE ...] COMMAND ...` runs under mpirun to make
+# each rank a host of its own on GPU 0 (exported: nccl_test runs in a shell of its own).
+export AS_HOST_SH='export NCCL_HOSTID=h$OMPI_COMM_WORLD_RANK NCCL_TESTS_DEVICE=0; exec env "$@"'
+# What mpirun runs before a rank's command in the hosts shape (nothing in the gpus shape).
 AS_HOST=()
-[ "$SHAPE" = hosts ] && AS_HOST=(bash -c 'export NCCL_HOSTID=h$OMPI_COMM_WORLD_RANK NCCL_TESTS_DEVICE=0; exec "$@"' _)
+[ "$SHAPE" = hosts ] && AS_HOST=(bash -c "$AS_HOST_SH" _)
 shape_words() {
   if [ "$SHAPE" = gpus ]; then echo "2 GPUs in one process (-g 2)"; else echo "two ranks as two hosts on one GPU (MPS)"; fi
 }
@@ -212,8 +215,7 @@ nccl_test() {
     exec "$dir/$test" "$@" -g 2
   else
     exec mpirun --allow-run-as-root ${HOSTS_BIND:---bind-to none} -np 2 \
-      bash -c 'export NCCL_HOSTID=h$OMPI_COMM_WORLD_RANK NCCL_TESTS_DEVICE=0; exec "$@"' _ \
-      "$(mpi_build_of "$dir")/$test" "$@" -g 1
+      bash -c "$AS_HOST_SH" _ "$(mpi_build_of "$dir")/$test" "$@" -g 1
   fi
 }
 mpi_build_of() {
@@ -651,8 +653,7 @@ hosts_run() {
   rm -f "$cost"
   python3 scripts/gpu/measure.py "$cost" timeout -k 10 "$TIMEOUT" \
     mpirun --allow-run-as-root ${HOSTS_BIND:---bind-to none} -np 2 \
-    bash -c 'export NCCL_HOSTID=h$OMPI_COMM_WORLD_RANK; exec env "$@"' _ \
-    NCCL_TESTS_DEVICE=0 NCCL_DEBUG=INFO NCCL_DEBUG_SUBSYS=INIT,NET "$@" \
+    bash -c "$AS_HOST_SH" _ NCCL_DEBUG=INFO NCCL_DEBUG_SUBSYS=INIT,NET "$@" \
     "$NCCL_TESTS_MPI_DIR/$test" -b "$MINBYTES" -e "$MAXBYTES" -f 2 -g 1 -n "$ITERS" -w "$WARMUP" \
     >"$logf" 2>&1 &
   local runner=$! rc
@@ -828,8 +829,7 @@ threads_cmd() {
     fabric-spin) how=(NCCL_NET=Fabric NCCL_NET_PLUGIN="$PLUGIN_LIB/libnccl-net-fabric.so" NCCL_FABRIC_PROGRESS_SPIN_US=10000000) ;;
   esac
   cmd=(timeout -k 10 "$TIMEOUT" mpirun --allow-run-as-root --bind-to none -np 2
-    bash -c 'export NCCL_HOSTID=h$OMPI_COMM_WORLD_RANK; exec env "$@"' _
-    NCCL_TESTS_DEVICE=0 NCCL_DEBUG=INFO NCCL_DEBUG_SUBSYS=INIT,NET "${how[@]}"
+    bash -c "$AS_HOST_SH" _ NCCL_DEBUG=INFO NCCL_DEBUG_SUBSYS=INIT,NET "${how[@]}"
     "$NCCL_TESTS_MPI_DIR/all_reduce_perf" -b 1G -e 1G -g 1 -n "${THREADS_ITERS:-40}" -w 5)
 }
 
