@@ -182,12 +182,16 @@ pub const TABLE: &[Setting] = &[
     Setting {
         name: PROGRESS_SPIN_US,
         kind: Kind::Number { min: 0, max: 10_000_000 },
-        default: "50",
-        meaning: "how long a progress thread that finds nothing to do spins before it sleeps in \
-                  `poll` on the provider's wait object, which wakes it when data arrives, a \
-                  socket takes more or NCCL hands it work (`tcp;ofi_rxm` and `tcp`; other \
-                  providers' threads spin, yield, then nap 20–200 µs while operations are in \
-                  flight); 0 sleeps at once, 10000000 never",
+        default: "20000",
+        meaning: "how long a progress thread that finds nothing to do spins and yields before \
+                  it sleeps in `poll` on the provider's wait object, which wakes it when data \
+                  arrives, a socket takes more or NCCL hands it work (`tcp;ofi_rxm` and `tcp`; \
+                  other providers' threads nap 20–200 µs instead while operations are in \
+                  flight). The default outlasts the gaps between a collective's steps (0.05–1 \
+                  ms), which a thread that slept would pay for in wake-ups; unset, it is 50 \
+                  where NCCL_FABRIC_PROGRESS_THREAD=yes put threads on fewer CPUs than they \
+                  need (then they would take each other's cores); 0 sleeps at once, 10000000 \
+                  never",
     },
     Setting {
         name: LOG,
@@ -248,6 +252,8 @@ pub struct Settings {
     /// How long a progress thread with nothing to do spins before it sleeps on the
     /// provider's wait object (`None`: never).
     pub progress_spin: Option<Duration>,
+    /// `NCCL_FABRIC_PROGRESS_SPIN_US` was not set: `size_for_devices` picks it.
+    pub spin_auto: bool,
     /// Shared endpoints per device and role (at least 1).
     pub lanes: usize,
     /// Whether `lanes` and `progress_thread` were left to the plugin (see [`sizing_for`]).
@@ -355,6 +361,7 @@ impl Settings {
             progress_thread: threads == "yes",
             progress_spin: Some(Duration::from_micros(number(PROGRESS_SPIN_US)?))
                 .filter(|&d| d < Duration::from_secs(10)),
+            spin_auto: lookup(PROGRESS_SPIN_US).is_none(),
             lanes: lanes.max(1) as usize,
             lanes_auto: lanes == 0,
             threads_auto: threads == "auto",
@@ -486,6 +493,15 @@ impl Cpus {
     }
 }
 
+/// How long progress threads that fit in the rank's CPUs go without work before they sleep
+/// (`NCCL_FABRIC_PROGRESS_SPIN_US` unset): longer than the gaps between a collective's
+/// steps. On the GPU machine (two ranks on 16 cores) sleeping after 50 µs cost 15–25 % of
+/// all_reduce's busbw and saved no CPU time.
+pub const SPIN_US: u64 = 20_000;
+/// The same for threads forced onto fewer CPUs than they need: on 2 cores, threads that sleep
+/// after 50 µs moved 2–3× as much as threads that spin (`benches/transfer.rs`).
+pub const SPIN_CROWDED_US: u64 = 50;
+
 /// Threads NCCL itself keeps busy in each rank: its proxy thread, which calls the plugin,
 /// and the thread that drives the GPU.
 pub const NCCL_BUSY_THREADS: usize = 2;
@@ -514,6 +530,12 @@ impl Settings {
         }
         if self.threads_auto {
             self.progress_thread = threads;
+        }
+        if self.spin_auto {
+            // Threads that fit spin through a collective's gaps; threads forced onto fewer
+            // CPUs than they need sleep soon, giving the cores back to NCCL's and each other.
+            let us = if threads { SPIN_US } else { SPIN_CROWDED_US };
+            self.progress_spin = Some(Duration::from_micros(us));
         }
     }
 
@@ -687,6 +709,42 @@ mod tests {
         assert_eq!(s.providers, vec!["shm", "tcp;ofi_rxm"]);
         assert!(matches_pattern("docker*", "docker0"));
         assert!(!matches_pattern("eth0", "eth01"));
+    }
+
+    #[test]
+    fn threads_forced_onto_too_few_cpus_sleep_sooner() {
+        let sized = |pairs: &[(&str, &str)], cpus: usize| {
+            let mut s = parse(pairs).unwrap();
+            s.cpus = Cpus {
+                allowed: cpus,
+                machine: cpus,
+                local_ranks: Some(1),
+            };
+            s.size_for_devices(1);
+            (s.progress_thread, s.progress_spin)
+        };
+        let us = |n| Some(Duration::from_micros(n));
+        assert_eq!(sized(&[], 16), (true, us(SPIN_US)), "16 CPUs: threads fit");
+        assert_eq!(
+            sized(&[], 2),
+            (false, us(SPIN_CROWDED_US)),
+            "2 CPUs: no threads"
+        );
+        assert_eq!(
+            sized(&[(PROGRESS_THREAD, "yes")], 2),
+            (true, us(SPIN_CROWDED_US)),
+            "threads forced onto 2 CPUs sleep after 50 µs"
+        );
+        assert_eq!(
+            sized(&[(PROGRESS_THREAD, "yes"), (PROGRESS_SPIN_US, "300")], 2),
+            (true, us(300)),
+            "a value set is kept"
+        );
+        assert_eq!(
+            sized(&[(PROGRESS_SPIN_US, "10000000")], 16),
+            (true, None),
+            "never"
+        );
     }
 
     #[test]

@@ -2,6 +2,7 @@
 
 use nccl_net_fabric::settings::{self, Settings};
 use std::process::ExitCode;
+use std::time::Duration;
 
 /// What `auto` (or 0) of a setting resolves to on this machine, if it has such a value.
 fn resolved(name: &str, effective: &str, parsed: Option<&Settings>) -> Option<String> {
@@ -19,6 +20,16 @@ fn resolved(name: &str, effective: &str, parsed: Option<&Settings>) -> Option<St
             }
             .to_string(),
         ),
+        (settings::PROGRESS_SPIN_US, _)
+            if s.spin_auto
+                && s.progress_thread
+                && s.progress_spin != Some(Duration::from_micros(settings::SPIN_US)) =>
+        {
+            Some(format!(
+                "{} µs: progress threads forced onto fewer CPUs than they need sleep sooner",
+                s.progress_spin.map_or(0, |d| d.as_micros())
+            ))
+        }
         (settings::ENDPOINTS, "auto") => Some(
             "an endpoint per comm with shm and sm2 (one host), shared lanes per device with \
              the network providers"
