@@ -25,6 +25,7 @@
 #   churn        40 process groups created, used and destroyed one after another (torchrun,
 #                2 processes): Socket, tcp;ofi_rxm, shm
 #   latency      8-byte all_reduce_perf (2000 iterations): Socket, tcp;ofi_rxm, shm
+#                (or $LATENCY_RUNS: socket fabric rxm shm, repeats allowed)
 #   memory       all_reduce_perf with the peak memory broken down by kind of mapping:
 #                Socket, tcp;ofi_rxm and the variants in $MEMORY_RUNS, shm
 #   bound        all_reduce_perf, mpirun -np 2 with its default binding: Socket, the plugin as it
@@ -48,6 +49,8 @@
 #                HOSTS_TEST names another nccl-tests binary (sendrecv_perf, alltoall_perf …);
 #                HOSTS_BIND replaces mpirun's "--bind-to none" ("--bind-to core": one core per
 #                rank, mpirun's default) and HOSTS_TAG names the runs apart
+#   pingpong     one small message's one-way time: a polled TCP socket (tcp_pingpong.c) and
+#                fabtests fi_rdm_tagged_pingpong over $PINGPONG_PROVIDERS (tcp;ofi_rxm tcp)
 #   ceiling      what the provider itself moves here (fabtests fi_rdm_tagged_bw, built against the
 #                libfabric stage's build): $CEILING_FLOWS flows each way (default "1 2 4"), both
 #                directions at once, $CEILING_PROVIDER (tcp;ofi_rxm) over eth0's address,
@@ -584,6 +587,17 @@ stage_torchhosts() {
     torchrun_measured torchhosts-idle-fabric scripts/gpu/torch_idle.py AS_HOSTS=1 "${fab[@]}"
     torchrun_measured torchhosts-churn-socket scripts/gpu/torch_churn.py AS_HOSTS=1 $(socket)
     torchrun_measured torchhosts-churn-fabric scripts/gpu/torch_churn.py AS_HOSTS=1 "${fab[@]}"
+    # Variants of the plugin (;-separated VAR=VALUE lists): bandwidth and churn again.
+    local v i=0
+    IFS=';' read -ra variants <<<"${TORCHHOSTS_FABRIC_VARIANTS:-}"
+    for v in "${variants[@]}"; do
+      i=$((i + 1))
+      echo "- torchhosts-*-fabric-v$i: $v"
+      # shellcheck disable=SC2086
+      torchrun_measured torchhosts-bw-fabric-v$i scripts/gpu/torch_bw.py AS_HOSTS=1 "${fab[@]}" $v
+      # shellcheck disable=SC2086
+      torchrun_measured torchhosts-churn-fabric-v$i scripts/gpu/torch_churn.py AS_HOSTS=1 "${fab[@]}" $v
+    done
   } >>"$summary"
 }
 
@@ -606,15 +620,18 @@ stage_latency() {
     echo "## 8-byte all_reduce_perf ($(shape_words), -n 2000 -w 200), P2P and SHM off: time in us (out-of-place, in-place)"
     echo
   } >>"$summary"
-  local name logf
-  for name in socket rxm shm; do
-    logf=$OUT/logs/latency-$name.log
+  local name logf i=0
+  # $LATENCY_RUNS: socket, fabric (no setting), rxm, shm, in that order (a name may repeat).
+  for name in ${LATENCY_RUNS:-socket rxm shm}; do
+    i=$((i + 1))
+    logf=$OUT/logs/latency-$i-$name.log
     case $name in
       socket) set -- $(socket) ;;
+      fabric) set -- $(fabric) ;;
       rxm) set -- $(fabric) NCCL_FABRIC_PROVIDER="tcp;ofi_rxm" ;;
       shm) set -- $(fabric) NCCL_FABRIC_PROVIDER=shm ;;
     esac
-    log "run latency-$name"
+    log "run latency-$i-$name"
     env NCCL_P2P_DISABLE=1 NCCL_SHM_DISABLE=1 NCCL_DEBUG=INFO NCCL_DEBUG_SUBSYS=INIT,NET "$@" \
       timeout -k 10 "$TIMEOUT" bash -c 'nccl_test "$@"' _ "$NCCL_TESTS_DIR" all_reduce_perf -b 8 -e 8 -n 2000 -w 200 >"$logf" 2>&1
     echo "- $name (rc=$?): $(awk '$1 == 8 && NF >= 13 {print $6 " / " $10 " us, #wrong " $9 + $13}' "$logf")" >>"$summary"
@@ -827,6 +844,7 @@ threads_cmd() {
     socket2x8) how=(NCCL_NET=Socket NCCL_NET_PLUGIN=none NCCL_SOCKET_NTHREADS=2 NCCL_NSOCKS_PERTHREAD=8) ;;
     fabric) how=(NCCL_NET=Fabric NCCL_NET_PLUGIN="$PLUGIN_LIB/libnccl-net-fabric.so") ;;
     fabric-spin) how=(NCCL_NET=Fabric NCCL_NET_PLUGIN="$PLUGIN_LIB/libnccl-net-fabric.so" NCCL_FABRIC_PROGRESS_SPIN_US=10000000) ;;
+    fabric-sleep50) how=(NCCL_NET=Fabric NCCL_NET_PLUGIN="$PLUGIN_LIB/libnccl-net-fabric.so" NCCL_FABRIC_PROGRESS_SPIN_US=50) ;;
   esac
   cmd=(timeout -k 10 "$TIMEOUT" mpirun --allow-run-as-root --bind-to none -np 2
     bash -c "$AS_HOST_SH" _ NCCL_DEBUG=INFO NCCL_DEBUG_SUBSYS=INIT,NET "${how[@]}"
@@ -841,7 +859,7 @@ stage_threads() {
   plugin_env
   start_mps
   local name cmd
-  for name in socket2x8 fabric fabric-spin; do
+  for name in ${THREADS_RUNS:-socket2x8 fabric fabric-spin}; do
     log "threads $name"
     threads_cmd "$name"
     {
@@ -858,8 +876,11 @@ stage_threads() {
       log "perf over $name"
       threads_cmd "$name"
       # System-wide where the kernel lets us, else the run's processes and their children.
-      perf record -F 499 -a -g -o "$work/perf-$name.data" -- "${cmd[@]}" >"$OUT/logs/perf-$name.log" 2>&1 \
-        || perf record -F 499 -g -o "$work/perf-$name.data" -- "${cmd[@]}" >>"$OUT/logs/perf-$name.log" 2>&1
+      # The run gets this script's library path back (a carried perf runs with its own).
+      perf record -F 499 -a -g -o "$work/perf-$name.data" -- env LD_LIBRARY_PATH="$LD_LIBRARY_PATH" "${cmd[@]}" \
+        >"$OUT/logs/perf-$name.log" 2>&1 \
+        || perf record -F 499 -g -o "$work/perf-$name.data" -- env LD_LIBRARY_PATH="$LD_LIBRARY_PATH" "${cmd[@]}" \
+          >>"$OUT/logs/perf-$name.log" 2>&1
       {
         echo
         echo "## perf, $name (all_reduce_perf 1 GiB, 499 Hz): by thread and object, then by thread and symbol"
@@ -1047,9 +1068,44 @@ stage_ceiling() {
   done
 }
 
+# pingpong: one small message's one-way time, the floor under NCCL's 8-byte steps: a plain TCP
+# socket polled as NCCL's Socket transport polls it (scripts/gpu/tcp_pingpong.c, built here)
+# and fabtests fi_rdm_tagged_pingpong over each of $PINGPONG_PROVIDERS (tcp;ofi_rxm tcp), over
+# eth0's address, $PINGPONG_SIZES bytes (8 4096), 20000 round trips. fabtests comes from
+# $FABTESTS_BIN (default .scratch/gpu-in/fabtests, built on the build machine) or the
+# fabtests stage.
+stage_pingpong() {
+  local bin=${FABTESTS_BIN:-$in/fabtests} ip size prov port=24100 pp
+  [ -x "$bin/fi_rdm_tagged_pingpong" ] || { stage_fabtests && bin=$work/fabtests/bin; } || return 1
+  cc -O2 -o "$work/tcp_pingpong" scripts/gpu/tcp_pingpong.c || return 1
+  ip=$(python3 -c 'import fcntl, socket, struct; s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM); print(socket.inet_ntoa(fcntl.ioctl(s.fileno(), 0x8915, struct.pack("256s", b"eth0"))[20:24]))')
+  {
+    echo
+    echo "## One message's one-way time over $ip (20000 round trips, µs)"
+    echo
+    echo "| bytes | TCP socket, polled | $(echo "${PINGPONG_PROVIDERS:-tcp;ofi_rxm tcp}" | sed 's/ / | /g') |"
+    echo "| --- | --- |$(for _ in ${PINGPONG_PROVIDERS:-tcp;ofi_rxm tcp}; do printf ' --- |'; done)"
+  } >>"$summary"
+  for size in ${PINGPONG_SIZES:-8 4096}; do
+    port=$((port + 1))
+    local row="| $size | $(timeout 60 "$work/tcp_pingpong" "$ip" "$port" "$size" 20000 | awk '{print $4}') |"
+    for prov in ${PINGPONG_PROVIDERS:-tcp;ofi_rxm tcp}; do
+      port=$((port + 1))
+      pp=(env LD_LIBRARY_PATH="$lf/lib" timeout 60 "$bin/fi_rdm_tagged_pingpong" -p "$prov" -E="$port" -S "$size" -I 20000)
+      "${pp[@]}" -s "$ip" >"$OUT/logs/pingpong-$size-${prov//;/_}-server.log" 2>&1 &
+      sleep 1
+      "${pp[@]}" "$ip" >"$OUT/logs/pingpong-$size-${prov//;/_}-client.log" 2>&1
+      wait
+      # The usec/xfer column: one way.
+      row+=" $(awk '$1 ~ /^[0-9]+[kmg]?$/ && NF >= 7 {v = $6} END {print v}' "$OUT/logs/pingpong-$size-${prov//;/_}-client.log") |"
+    done
+    echo "$row" >>"$summary"
+  done
+}
+
 stage_pack() {
   tar -cJf "$OUT/builds.tar.xz" -C "$work" libfabric-cuda/lib libfabric-cuda/bin \
-    nccl-tests/all_reduce_perf nccl-tests-mpi/all_reduce_perf 2>/dev/null
+    nccl-tests/{all_reduce,sendrecv,alltoall}_perf nccl-tests-mpi/{all_reduce,sendrecv,alltoall}_perf 2>/dev/null
   log "packed $(du -h "$OUT/builds.tar.xz" | cut -f1)"
 }
 
