@@ -3,7 +3,8 @@
 //!
 //! It spins while work comes, then yields. Where the provider's wait object tells all
 //! (`quirks::wait_object_tells_all`), a thread that found nothing to do for
-//! `NCCL_FABRIC_PROGRESS_SPIN_US` (20 ms) sleeps in `poll` on that fd and its inbox's bell:
+//! `NCCL_FABRIC_PROGRESS_SPIN_US` (20 ms; 50 µs for threads forced onto too few CPUs, see
+//! `settings::SPIN_CROWDED_US`) sleeps in `poll` on that fd and its inbox's bell:
 //! it wakes when data arrives, a socket takes more, a command comes or it is stopped, and
 //! after [`SLEEP_IN_FLIGHT`] at most while operations are in flight. Elsewhere it naps (20 µs,
 //! later 200 µs) while operations are in flight. Once nothing is in flight it sleeps (50 ms):
