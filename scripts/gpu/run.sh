@@ -48,7 +48,8 @@
 #                `baseline` runs the plugin in $BASELINE_DIR; HOSTS_NO_SOCKET=1 skips Socket;
 #                HOSTS_TEST names another nccl-tests binary (sendrecv_perf, alltoall_perf …);
 #                HOSTS_BIND replaces mpirun's "--bind-to none" ("--bind-to core": one core per
-#                rank, mpirun's default) and HOSTS_TAG names the runs apart
+#                rank, mpirun's default), HOSTS_TAG names the runs apart and HOSTS_ENV
+#                (VAR=VALUE ...) goes to every run, Socket's too
 #   pingpong     one small message's one-way time: a polled TCP socket (tcp_pingpong.c) and
 #                fabtests fi_rdm_tagged_pingpong over $PINGPONG_PROVIDERS (tcp;ofi_rxm tcp)
 #   ceiling      what the provider itself moves here (fabtests fi_rdm_tagged_bw, built against the
@@ -65,7 +66,8 @@
 #                or comes in $PERF_TARBALL
 #   steps        where the time of NCCL's network steps goes (NCCL's example profiler plugin from
 #                $NCCL_PROFILER_TARBALL; scripts/gpu/steps.py): all_reduce_perf at $STEPS_SIZES
-#                (8 1M 256M), Socket as shipped and 2x8, the plugin and $STEPS_VARIANTS
+#                (8 1M 256M), Socket as shipped and 2x8, the plugin and $STEPS_VARIANTS;
+#                $STEPS_TEST names another nccl-tests binary (sendrecv_perf …)
 #   conform      nccl-net-fabric conform over ucx (GPU rows included) and $CONFORM_PROVIDERS
 #   ucxhosts     the hosts shape over ucx: GPU buffers (NCCL_NET_GDR_LEVEL=SYS), host buffers
 #                (NCCL_FABRIC_HMEM=off) and Socket for each of $UCXHOSTS_TESTS (all_reduce_perf
@@ -661,7 +663,8 @@ start_mps() {
 
 # hosts_run NAME TEST [VAR=VALUE ...]: TEST as two ranks, each a host of its own to NCCL
 # (NCCL_HOSTID), on GPU 0, every byte over the network transport; CPU seconds of both ranks,
-# peak RSS of the larger.
+# peak RSS of the larger. $HOSTS_ENV (space-separated VAR=VALUE) goes to every run, Socket's
+# too (NCCL_BUFFSIZE=8388608, say).
 hosts_run() {
   local name=$1 test=$2
   shift 2
@@ -670,7 +673,7 @@ hosts_run() {
   rm -f "$cost"
   python3 scripts/gpu/measure.py "$cost" timeout -k 10 "$TIMEOUT" \
     mpirun --allow-run-as-root ${HOSTS_BIND:---bind-to none} -np 2 \
-    bash -c "$AS_HOST_SH" _ NCCL_DEBUG=INFO NCCL_DEBUG_SUBSYS=INIT,NET "$@" \
+    bash -c "$AS_HOST_SH" _ NCCL_DEBUG=INFO NCCL_DEBUG_SUBSYS=INIT,NET ${HOSTS_ENV:-} "$@" \
     "$NCCL_TESTS_MPI_DIR/$test" -b "$MINBYTES" -e "$MAXBYTES" -f 2 -g 1 -n "$ITERS" -w "$WARMUP" \
     >"$logf" 2>&1 &
   local runner=$! rc
@@ -939,7 +942,7 @@ stage_steps() {
     i=$((i + 1))
     runs+=("fabric-v$i|NCCL_NET=Fabric NCCL_NET_PLUGIN=$PLUGIN_LIB/libnccl-net-fabric.so $v")
   done
-  table_header "Steps profiled (NCCL's example profiler), two ranks as two hosts, all_reduce_perf -n 12 -w 3"
+  table_header "Steps profiled (NCCL's example profiler), two ranks as two hosts, ${STEPS_TEST:-all_reduce_perf} -n 12 -w 3${HOSTS_ENV:+, $HOSTS_ENV}"
   local rows=()
   for size in ${STEPS_SIZES:-8 1M 256M}; do
     for v in "${runs[@]}"; do
@@ -947,7 +950,7 @@ stage_steps() {
       local dump=$work/steps/$name-$size
       mkdir -p "$work/steps" && rm -f "$dump"_*.json
       # shellcheck disable=SC2086
-      MINBYTES=$size MAXBYTES=$size ITERS=12 WARMUP=3 hosts_run "steps-$name-$size" all_reduce_perf \
+      MINBYTES=$size MAXBYTES=$size ITERS=12 WARMUP=3 hosts_run "steps-$name-$size" "${STEPS_TEST:-all_reduce_perf}" \
         ${v#*|} NCCL_PROFILER_PLUGIN="$prof/libnccl-profiler-example.so" NCCL_PROFILE_EVENT_MASK=16 \
         NCCL_PROFILE_DUMP_FILE="$dump" "${pools[@]}"
       rows+=("$(python3 scripts/gpu/steps.py "$name $size ($(awk '$1 ~ /^[0-9]+$/ && NF >= 13 {print $6 " µs"}' "$OUT/logs/steps-$name-$size.log" | head -1))" "$dump")")
