@@ -711,7 +711,7 @@ stage_hosts() {
   start_mps
   local fab=(NCCL_NET=Fabric NCCL_NET_PLUGIN="$PLUGIN_LIB/libnccl-net-fabric.so")
   local names=() v i=0 test=${HOSTS_TEST:-all_reduce_perf} tag=${HOSTS_TEST:+-${HOSTS_TEST%_perf}}${HOSTS_TAG:+-$HOSTS_TAG}
-  table_header "Two ranks as two hosts on one GPU (MPS), mpirun ${HOSTS_BIND:---bind-to none}, $test -b $MINBYTES -e $MAXBYTES -f 2 -n $ITERS -w $WARMUP"
+  table_header "Two ranks as two hosts on one GPU (MPS), mpirun ${HOSTS_BIND:---bind-to none}, $test -b $MINBYTES -e $MAXBYTES -f 2 -n $ITERS -w $WARMUP${HOSTS_ENV:+, $HOSTS_ENV}"
   if [ -z "${HOSTS_NO_SOCKET:-}" ]; then
     hosts_run hosts$tag-socket "$test" NCCL_NET=Socket NCCL_NET_PLUGIN=none
     hosts_run hosts$tag-socket4x4 "$test" NCCL_NET=Socket NCCL_NET_PLUGIN=none \
@@ -806,7 +806,7 @@ stage_ucxhosts() {
   local fab=(NCCL_NET=Fabric NCCL_NET_PLUGIN="$PLUGIN_LIB/libnccl-net-fabric.so" "${UCX_ENV[@]}"
     NCCL_FABRIC_PROVIDER=ucx)
   local t short names=()
-  table_header "ucx (UCX $UCX_NAME, FI_UCX_DEVICES=eth0, UCX_TLS=${UCX_TLS:-tcp,cuda_copy,self}), two ranks as two hosts on one GPU (MPS), -b $MINBYTES -e $MAXBYTES -f 2 -n $ITERS -w $WARMUP"
+  table_header "ucx (UCX $UCX_NAME, FI_UCX_DEVICES=eth0, UCX_TLS=${UCX_TLS:-tcp,cuda_copy,self}), two ranks as two hosts on one GPU (MPS), -b $MINBYTES -e $MAXBYTES -f 2 -n $ITERS -w $WARMUP${HOSTS_ENV:+, $HOSTS_ENV}"
   for t in ${UCXHOSTS_TESTS:-all_reduce_perf sendrecv_perf alltoall_perf}; do
     short=${t%_perf}
     hosts_run "ucx-$short-gdr" "$t" "${fab[@]}" NCCL_NET_GDR_LEVEL=SYS
