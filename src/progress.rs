@@ -9,7 +9,8 @@
 //! after [`SLEEP_IN_FLIGHT`] at most while operations are in flight. Elsewhere it naps (20 µs,
 //! later 200 µs) while operations are in flight. Once nothing is in flight it sleeps (50 ms):
 //! then no completion can come, and a new operation wakes it at once (commands unpark it, and
-//! ring its bell). Stopping it hands the driver back.
+//! ring its bell); where it sleeps on the wait object it does so after [`SPIN_IDLE`] without
+//! work once nothing is in flight. Stopping it hands the driver back.
 //!
 //! The quiet time before sleeping is long by default: a collective's steps leave a lane
 //! without work for 0.05–1 ms at a time (its GPU filling the next slot), and a thread that
@@ -28,6 +29,22 @@ use std::time::{Duration, Instant};
 pub const SLEEP_IN_FLIGHT: Duration = Duration::from_millis(1);
 /// The sleep once nothing is in flight.
 const SLEEP_IDLE: Duration = Duration::from_millis(50);
+/// How long a thread with nothing in flight spins before it sleeps, where the quiet time set
+/// is longer: no completion can come then, and NCCL's next operation rings the bell (a run of
+/// communicators, each a short burst of traffic, otherwise spins the whole quiet time after
+/// each).
+const SPIN_IDLE: Duration = Duration::from_millis(1);
+
+/// How long a thread that has found nothing to do for `quiet` sleeps, if it is to sleep now:
+/// after `spin` with operations in flight, sooner (after [`SPIN_IDLE`]) with `nothing` in
+/// flight.
+fn sleep_for(quiet: Duration, spin: Duration, nothing: bool) -> Option<Duration> {
+    match nothing {
+        true if quiet >= spin.min(SPIN_IDLE) => Some(SLEEP_IDLE),
+        false if quiet >= spin => Some(SLEEP_IN_FLIGHT),
+        _ => None,
+    }
+}
 
 /// A running progress thread.
 pub struct Progress {
@@ -111,17 +128,15 @@ fn run(driver: &mut Driver, stop: &AtomicBool, spin: Option<Duration>) {
             }
         }
         if let Some(spin) = spin.filter(|_| idle > 0) {
-            let since = *quiet_since.get_or_insert_with(Instant::now);
-            if since.elapsed() >= spin {
-                let limit = if driver.idle() {
-                    SLEEP_IDLE
-                } else {
-                    SLEEP_IN_FLIGHT
-                };
-                // Slept, or something is ready (a read will find it): turn again at once,
-                // not into the naps below, which nothing but their timer ends.
-                if driver.sleep(limit, stop) {
-                    continue;
+            let quiet = quiet_since.get_or_insert_with(Instant::now).elapsed();
+            if quiet >= spin.min(SPIN_IDLE) {
+                let nothing = driver.idle();
+                if let Some(limit) = sleep_for(quiet, spin, nothing) {
+                    // Slept, or something is ready (a read will find it): turn again at once,
+                    // not into the naps below, which nothing but their timer ends.
+                    if driver.sleep(limit, stop) {
+                        continue;
+                    }
                 }
             }
         }
@@ -135,5 +150,30 @@ fn run(driver: &mut Driver, stop: &AtomicBool, spin: Option<Duration>) {
             40_001..=90_000 => std::thread::park_timeout(Duration::from_micros(20)),
             _ => std::thread::park_timeout(Duration::from_micros(200)),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn threads_with_nothing_in_flight_sleep_sooner() {
+        let ms = Duration::from_millis;
+        let spin = ms(20);
+        // In flight: only after the whole quiet time, and then at most 1 ms at a time.
+        assert_eq!(sleep_for(ms(5), spin, false), None);
+        assert_eq!(sleep_for(ms(20), spin, false), Some(SLEEP_IN_FLIGHT));
+        // Nothing in flight: after a millisecond, for long.
+        assert_eq!(sleep_for(Duration::from_micros(500), spin, true), None);
+        assert_eq!(sleep_for(ms(1), spin, true), Some(SLEEP_IDLE));
+        // A shorter quiet time set applies to both.
+        let short = Duration::from_micros(50);
+        assert_eq!(sleep_for(short, short, true), Some(SLEEP_IDLE));
+        assert_eq!(sleep_for(short, short, false), Some(SLEEP_IN_FLIGHT));
+        assert_eq!(
+            sleep_for(Duration::ZERO, Duration::ZERO, false),
+            Some(SLEEP_IN_FLIGHT)
+        );
     }
 }

@@ -190,8 +190,8 @@ pub const TABLE: &[Setting] = &[
                   flight). The default outlasts the gaps between a collective's steps (0.05–1 \
                   ms), which a thread that slept would pay for in wake-ups; unset, it is 50 \
                   where NCCL_FABRIC_PROGRESS_THREAD=yes put threads on fewer CPUs than they \
-                  need (then they would take each other's cores); 0 sleeps at once, 10000000 \
-                  never",
+                  need (then they would take each other's cores). With nothing in flight a \
+                  thread sleeps after 1 ms at most; 0 sleeps at once, 10000000 never",
     },
     Setting {
         name: LOG,
