@@ -189,8 +189,9 @@ pub const TABLE: &[Setting] = &[
                   other providers' threads nap 20–200 µs instead while operations are in \
                   flight). The default outlasts the gaps between a collective's steps (0.05–1 \
                   ms), which a thread that slept would pay for in wake-ups; unset, it is 50 \
-                  where NCCL_FABRIC_PROGRESS_THREAD=yes put threads on fewer CPUs than they \
-                  need (then they would take each other's cores). With nothing in flight a \
+                  where the lanes' threads (2 per lane and device) do not fit in this rank's \
+                  CPUs beside NCCL's 2 (NCCL_FABRIC_PROGRESS_THREAD=yes or NCCL_FABRIC_LANES \
+                  beyond them: they would take each other's cores). With nothing in flight a \
                   thread sleeps after 1 ms at most; 0 sleeps at once, 10000000 never",
     },
     Setting {
@@ -533,8 +534,11 @@ impl Settings {
         }
         if self.spin_auto {
             // Threads that fit spin through a collective's gaps; threads forced onto fewer
-            // CPUs than they need sleep soon, giving the cores back to NCCL's and each other.
-            let us = if threads { SPIN_US } else { SPIN_CROWDED_US };
+            // CPUs than they need (the lanes set, or threads where the sizing gave none) sleep
+            // soon, giving the cores back to NCCL's and each other.
+            let spare = self.cpus.per_rank().saturating_sub(NCCL_BUSY_THREADS);
+            let fit = spare >= 2 * self.lanes * self.devices;
+            let us = if fit { SPIN_US } else { SPIN_CROWDED_US };
             self.progress_spin = Some(Duration::from_micros(us));
         }
     }
@@ -734,6 +738,11 @@ mod tests {
             sized(&[(PROGRESS_THREAD, "yes")], 2),
             (true, us(SPIN_CROWDED_US)),
             "threads forced onto 2 CPUs sleep after 50 µs"
+        );
+        assert_eq!(
+            sized(&[(LANES, "8")], 16),
+            (true, us(SPIN_CROWDED_US)),
+            "16 threads of 8 lanes do not fit in 16 CPUs beside NCCL's"
         );
         assert_eq!(
             sized(&[(PROGRESS_THREAD, "yes"), (PROGRESS_SPIN_US, "300")], 2),
