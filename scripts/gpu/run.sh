@@ -842,12 +842,12 @@ stage_ucxhosts() {
 # threads_cmd NAME: sets `cmd` to the 1 GiB all_reduce_perf run of the threads stage, two ranks
 # as two hosts, for socket2x8, fabric or fabric-spin (progress threads that never sleep).
 threads_cmd() {
-  local how
+  local how fab=(NCCL_NET=Fabric NCCL_NET_PLUGIN="$PLUGIN_LIB/libnccl-net-fabric.so")
   case $1 in
     socket2x8) how=(NCCL_NET=Socket NCCL_NET_PLUGIN=none NCCL_SOCKET_NTHREADS=2 NCCL_NSOCKS_PERTHREAD=8) ;;
-    fabric) how=(NCCL_NET=Fabric NCCL_NET_PLUGIN="$PLUGIN_LIB/libnccl-net-fabric.so") ;;
-    fabric-spin) how=(NCCL_NET=Fabric NCCL_NET_PLUGIN="$PLUGIN_LIB/libnccl-net-fabric.so" NCCL_FABRIC_PROGRESS_SPIN_US=10000000) ;;
-    fabric-sleep50) how=(NCCL_NET=Fabric NCCL_NET_PLUGIN="$PLUGIN_LIB/libnccl-net-fabric.so" NCCL_FABRIC_PROGRESS_SPIN_US=50) ;;
+    fabric) how=("${fab[@]}") ;;
+    fabric-spin) how=("${fab[@]}" NCCL_FABRIC_PROGRESS_SPIN_US=10000000) ;;
+    fabric-sleep50) how=("${fab[@]}" NCCL_FABRIC_PROGRESS_SPIN_US=50) ;;
   esac
   cmd=(timeout -k 10 "$TIMEOUT" mpirun --allow-run-as-root --bind-to none -np 2
     bash -c "$AS_HOST_SH" _ NCCL_DEBUG=INFO NCCL_DEBUG_SUBSYS=INIT,NET "${how[@]}"
@@ -1031,12 +1031,16 @@ stage_fabtests() {
     || { tail -n 30 "$OUT/logs/fabtests-build.log" >&2; return 1; }
 }
 
+# eth0's IPv4 address (SIOCGIFADDR; the machine may have no iproute2).
+eth0_ip() {
+  python3 -c 'import fcntl, socket, struct; s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM); print(socket.inet_ntoa(fcntl.ioctl(s.fileno(), 0x8915, struct.pack("256s", b"eth0"))[20:24]))'
+}
+
 stage_ceiling() {
   stage_fabtests || return 1
   local prov=${CEILING_PROVIDER:-tcp;ofi_rxm} ip n k port bw=$work/fabtests/bin/fi_rdm_tagged_bw
   local size=${CEILING_SIZE:-1048576} window=${CEILING_WINDOW:-64}
-  # eth0's IPv4 address (SIOCGIFADDR; the machine may have no iproute2).
-  ip=$(python3 -c 'import fcntl, socket, struct; s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM); print(socket.inet_ntoa(fcntl.ioctl(s.fileno(), 0x8915, struct.pack("256s", b"eth0"))[20:24]))')
+  ip=$(eth0_ip)
   {
     echo
     echo "## What $prov itself moves here (fabtests fi_rdm_tagged_bw, messages of $size bytes, window $window, over $ip)"
@@ -1081,7 +1085,7 @@ stage_pingpong() {
   local bin=${FABTESTS_BIN:-$in/fabtests} ip size prov port=24100 pp
   [ -x "$bin/fi_rdm_tagged_pingpong" ] || { stage_fabtests && bin=$work/fabtests/bin; } || return 1
   cc -O2 -o "$work/tcp_pingpong" scripts/gpu/tcp_pingpong.c || return 1
-  ip=$(python3 -c 'import fcntl, socket, struct; s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM); print(socket.inet_ntoa(fcntl.ioctl(s.fileno(), 0x8915, struct.pack("256s", b"eth0"))[20:24]))')
+  ip=$(eth0_ip)
   {
     echo
     echo "## One message's one-way time over $ip (20000 round trips, µs)"
