@@ -517,7 +517,13 @@ pub fn sizing_for(cpus: usize, devices: usize) -> (usize, bool) {
     let devices = devices.max(1);
     let spare = cpus.saturating_sub(NCCL_BUSY_THREADS);
     let lanes = (spare / (3 * devices)).clamp(1, 4);
-    (lanes, spare >= 2 * lanes * devices)
+    (lanes, threads_fit(cpus, lanes, devices))
+}
+
+/// Whether the progress threads of `lanes` lanes per device (two each) on `devices` devices
+/// fit in `cpus` CPUs beside NCCL's own busy threads.
+fn threads_fit(cpus: usize, lanes: usize, devices: usize) -> bool {
+    cpus.saturating_sub(NCCL_BUSY_THREADS) >= 2 * lanes * devices.max(1)
 }
 
 impl Settings {
@@ -536,8 +542,7 @@ impl Settings {
             // Threads that fit spin through a collective's gaps; threads forced onto fewer
             // CPUs than they need (the lanes set, or threads where the sizing gave none) sleep
             // soon, giving the cores back to NCCL's and each other.
-            let spare = self.cpus.per_rank().saturating_sub(NCCL_BUSY_THREADS);
-            let fit = spare >= 2 * self.lanes * self.devices;
+            let fit = threads_fit(self.cpus.per_rank(), self.lanes, self.devices);
             let us = if fit { SPIN_US } else { SPIN_CROWDED_US };
             self.progress_spin = Some(Duration::from_micros(us));
         }
@@ -728,6 +733,11 @@ mod tests {
             (s.progress_thread, s.progress_spin)
         };
         let us = |n| Some(Duration::from_micros(n));
+        assert_eq!(
+            setting(PROGRESS_SPIN_US).default,
+            SPIN_US.to_string(),
+            "documented default"
+        );
         assert_eq!(sized(&[], 16), (true, us(SPIN_US)), "16 CPUs: threads fit");
         assert_eq!(
             sized(&[], 2),
