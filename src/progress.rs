@@ -36,13 +36,16 @@ const SLEEP_IDLE: Duration = Duration::from_millis(50);
 const SPIN_IDLE: Duration = Duration::from_millis(1);
 
 /// How long a thread that has found nothing to do for `quiet` sleeps, if it is to sleep now:
-/// after `spin` with operations in flight, sooner (after [`SPIN_IDLE`]) with `nothing` in
-/// flight.
-fn sleep_for(quiet: Duration, spin: Duration, nothing: bool) -> Option<Duration> {
-    match nothing {
-        true if quiet >= spin.min(SPIN_IDLE) => Some(SLEEP_IDLE),
+/// after `spin` with operations in flight, sooner (after [`SPIN_IDLE`]) with nothing in
+/// flight (`nothing`, asked only once the shorter time has passed: it walks the operations).
+fn sleep_for(quiet: Duration, spin: Duration, nothing: impl FnOnce() -> bool) -> Option<Duration> {
+    if quiet < spin.min(SPIN_IDLE) {
+        return None;
+    }
+    match nothing() {
+        true => Some(SLEEP_IDLE),
         false if quiet >= spin => Some(SLEEP_IN_FLIGHT),
-        _ => None,
+        false => None,
     }
 }
 
@@ -129,14 +132,11 @@ fn run(driver: &mut Driver, stop: &AtomicBool, spin: Option<Duration>) {
         }
         if let Some(spin) = spin.filter(|_| idle > 0) {
             let quiet = quiet_since.get_or_insert_with(Instant::now).elapsed();
-            if quiet >= spin.min(SPIN_IDLE) {
-                let nothing = driver.idle();
-                if let Some(limit) = sleep_for(quiet, spin, nothing) {
-                    // Slept, or something is ready (a read will find it): turn again at once,
-                    // not into the naps below, which nothing but their timer ends.
-                    if driver.sleep(limit, stop) {
-                        continue;
-                    }
+            if let Some(limit) = sleep_for(quiet, spin, || driver.idle()) {
+                // Slept, or something is ready (a read will find it): turn again at once,
+                // not into the naps below, which nothing but their timer ends.
+                if driver.sleep(limit, stop) {
+                    continue;
                 }
             }
         }
@@ -162,17 +162,20 @@ mod tests {
         let ms = Duration::from_millis;
         let spin = ms(20);
         // In flight: only after the whole quiet time, and then at most 1 ms at a time.
-        assert_eq!(sleep_for(ms(5), spin, false), None);
-        assert_eq!(sleep_for(ms(20), spin, false), Some(SLEEP_IN_FLIGHT));
+        assert_eq!(sleep_for(ms(5), spin, || false), None);
+        assert_eq!(sleep_for(ms(20), spin, || false), Some(SLEEP_IN_FLIGHT));
         // Nothing in flight: after a millisecond, for long.
-        assert_eq!(sleep_for(Duration::from_micros(500), spin, true), None);
-        assert_eq!(sleep_for(ms(1), spin, true), Some(SLEEP_IDLE));
+        assert_eq!(sleep_for(Duration::from_micros(500), spin, || true), None);
+        assert_eq!(sleep_for(ms(1), spin, || true), Some(SLEEP_IDLE));
+        // Before that, what is in flight is not even asked.
+        let asked = || -> bool { unreachable!("asked before the shorter quiet time") };
+        assert_eq!(sleep_for(Duration::from_micros(500), spin, asked), None);
         // A shorter quiet time set applies to both.
         let short = Duration::from_micros(50);
-        assert_eq!(sleep_for(short, short, true), Some(SLEEP_IDLE));
-        assert_eq!(sleep_for(short, short, false), Some(SLEEP_IN_FLIGHT));
+        assert_eq!(sleep_for(short, short, || true), Some(SLEEP_IDLE));
+        assert_eq!(sleep_for(short, short, || false), Some(SLEEP_IN_FLIGHT));
         assert_eq!(
-            sleep_for(Duration::ZERO, Duration::ZERO, false),
+            sleep_for(Duration::ZERO, Duration::ZERO, || false),
             Some(SLEEP_IN_FLIGHT)
         );
     }
