@@ -45,7 +45,8 @@
 #                with $HOSTS_FABRIC_VARIANTS, Socket as shipped, 4x4 and 2x8; CPU seconds, peak
 #                RSS, the plugin's INFO lines, which NET devices NCCL's channels use, and the
 #                time per size side by side (scripts/gpu/sizes.py). A variant holding the word
-#                `baseline` runs the plugin in $BASELINE_DIR; HOSTS_NO_SOCKET=1 skips Socket;
+#                `baseline` runs the plugin in $BASELINE_DIR; HOSTS_NO_SOCKET=1 skips Socket,
+#                HOSTS_SOCKETS picks its shapes (default "socket socket4x4 socket2x8");
 #                HOSTS_TEST names another nccl-tests binary (sendrecv_perf, alltoall_perf …);
 #                HOSTS_BIND replaces mpirun's "--bind-to none" ("--bind-to core": one core per
 #                rank, mpirun's default), HOSTS_TAG names the runs apart and HOSTS_ENV
@@ -286,6 +287,14 @@ table_header() {
 
 fabric() { echo NCCL_NET=Fabric NCCL_NET_PLUGIN="$PLUGIN_LIB/libnccl-net-fabric.so"; }
 socket() { echo NCCL_NET=Socket NCCL_NET_PLUGIN=none; }
+# socket_shape socket|socket4x4|socket2x8: Socket as shipped, 4 threads x 4 sockets, 2 x 8.
+socket_shape() {
+  case $1 in
+    socket) socket ;;
+    socket4x4) echo "$(socket) NCCL_SOCKET_NTHREADS=4 NCCL_NSOCKS_PERTHREAD=4" ;;
+    socket2x8) echo "$(socket) NCCL_SOCKET_NTHREADS=2 NCCL_NSOCKS_PERTHREAD=8" ;;
+  esac
+}
 
 stage_allreduce() {
   plugin_env
@@ -712,14 +721,13 @@ stage_hosts() {
   local fab=(NCCL_NET=Fabric NCCL_NET_PLUGIN="$PLUGIN_LIB/libnccl-net-fabric.so")
   local names=() v i=0 test=${HOSTS_TEST:-all_reduce_perf} tag=${HOSTS_TEST:+-${HOSTS_TEST%_perf}}${HOSTS_TAG:+-$HOSTS_TAG}
   table_header "Two ranks as two hosts on one GPU (MPS), mpirun ${HOSTS_BIND:---bind-to none}, $test -b $MINBYTES -e $MAXBYTES -f 2 -n $ITERS -w $WARMUP${HOSTS_ENV:+, $HOSTS_ENV}"
-  if [ -z "${HOSTS_NO_SOCKET:-}" ]; then
-    hosts_run hosts$tag-socket "$test" NCCL_NET=Socket NCCL_NET_PLUGIN=none
-    hosts_run hosts$tag-socket4x4 "$test" NCCL_NET=Socket NCCL_NET_PLUGIN=none \
-      NCCL_SOCKET_NTHREADS=4 NCCL_NSOCKS_PERTHREAD=4
-    hosts_run hosts$tag-socket2x8 "$test" NCCL_NET=Socket NCCL_NET_PLUGIN=none \
-      NCCL_SOCKET_NTHREADS=2 NCCL_NSOCKS_PERTHREAD=8
-    names=(hosts$tag-socket hosts$tag-socket4x4 hosts$tag-socket2x8)
-  fi
+  local shape
+  for shape in ${HOSTS_SOCKETS-socket socket4x4 socket2x8}; do
+    [ -n "${HOSTS_NO_SOCKET:-}" ] && break
+    # shellcheck disable=SC2046
+    hosts_run "hosts$tag-$shape" "$test" $(socket_shape "$shape")
+    names+=("hosts$tag-$shape")
+  done
   hosts_run hosts$tag-fabric "$test" "${fab[@]}"
   names+=(hosts$tag-fabric)
   # Variants: ;-separated, each a space-separated list of VAR=VALUE ("none": no variant).
