@@ -324,7 +324,7 @@ stage_compare() {
   local old="NCCL_NET=Fabric NCCL_NET_PLUGIN=$base/libnccl-net-fabric.so"
   table_header "all_reduce_perf side by side: $(basename "$BASELINE_DIR") plugin and this one, $(shape_words), P2P and SHM off"
   run socket-all_reduce all_reduce_perf $(socket)
-  run socket4x4-all_reduce all_reduce_perf $(socket) NCCL_SOCKET_NTHREADS=4 NCCL_NSOCKS_PERTHREAD=4
+  run socket4x4-all_reduce all_reduce_perf $(socket_shape socket4x4)
   local round
   for round in $(seq "${COMPARE_ROUNDS:-2}"); do
     # shellcheck disable=SC2086
@@ -573,7 +573,7 @@ stage_torchbw() {
     echo "## all_reduce 1 GiB through torch.distributed (torchrun, 2 processes), P2P and SHM off"
     echo
     torchrun_measured torchbw-socket scripts/gpu/torch_bw.py $(socket)
-    torchrun_measured torchbw-socket4x4 scripts/gpu/torch_bw.py $(socket) NCCL_SOCKET_NTHREADS=4 NCCL_NSOCKS_PERTHREAD=4
+    torchrun_measured torchbw-socket4x4 scripts/gpu/torch_bw.py $(socket_shape socket4x4)
     torchrun_measured torchbw-rxm scripts/gpu/torch_bw.py $(fabric) NCCL_FABRIC_PROVIDER="tcp;ofi_rxm"
     torchrun_measured torchbw-shm scripts/gpu/torch_bw.py $(fabric) NCCL_FABRIC_PROVIDER=shm
   } >>"$summary"
@@ -591,8 +591,8 @@ stage_torchhosts() {
     echo "## torch.distributed as two hosts on one GPU (torchrun, 2 processes, AS_HOSTS=1), P2P and SHM off"
     echo
     torchrun_measured torchhosts-bw-socket scripts/gpu/torch_bw.py AS_HOSTS=1 $(socket)
-    torchrun_measured torchhosts-bw-socket4x4 scripts/gpu/torch_bw.py AS_HOSTS=1 $(socket) NCCL_SOCKET_NTHREADS=4 NCCL_NSOCKS_PERTHREAD=4
-    torchrun_measured torchhosts-bw-socket2x8 scripts/gpu/torch_bw.py AS_HOSTS=1 $(socket) NCCL_SOCKET_NTHREADS=2 NCCL_NSOCKS_PERTHREAD=8
+    torchrun_measured torchhosts-bw-socket4x4 scripts/gpu/torch_bw.py AS_HOSTS=1 $(socket_shape socket4x4)
+    torchrun_measured torchhosts-bw-socket2x8 scripts/gpu/torch_bw.py AS_HOSTS=1 $(socket_shape socket2x8)
     torchrun_measured torchhosts-bw-fabric scripts/gpu/torch_bw.py AS_HOSTS=1 "${fab[@]}"
     torchrun_measured torchhosts-idle-socket scripts/gpu/torch_idle.py AS_HOSTS=1 $(socket)
     torchrun_measured torchhosts-idle-fabric scripts/gpu/torch_idle.py AS_HOSTS=1 "${fab[@]}"
@@ -653,7 +653,7 @@ stage_memory() {
   plugin_env
   table_header "peak memory of all_reduce_perf, $(shape_words), by kind of mapping (anon / gpu / shm / lib / file, MiB), P2P and SHM off"
   run mem-socket all_reduce_perf $(socket)
-  run mem-socket4x4 all_reduce_perf $(socket) NCCL_SOCKET_NTHREADS=4 NCCL_NSOCKS_PERTHREAD=4
+  run mem-socket4x4 all_reduce_perf $(socket_shape socket4x4)
   run mem-rxm all_reduce_perf $(fabric) NCCL_FABRIC_PROVIDER="tcp;ofi_rxm"
   local spec
   for spec in ${MEMORY_RUNS:-}; do
@@ -721,9 +721,9 @@ stage_hosts() {
   local fab=(NCCL_NET=Fabric NCCL_NET_PLUGIN="$PLUGIN_LIB/libnccl-net-fabric.so")
   local names=() v i=0 test=${HOSTS_TEST:-all_reduce_perf} tag=${HOSTS_TEST:+-${HOSTS_TEST%_perf}}${HOSTS_TAG:+-$HOSTS_TAG}
   table_header "Two ranks as two hosts on one GPU (MPS), mpirun ${HOSTS_BIND:---bind-to none}, $test -b $MINBYTES -e $MAXBYTES -f 2 -n $ITERS -w $WARMUP${HOSTS_ENV:+, $HOSTS_ENV}"
-  local shape
-  for shape in ${HOSTS_SOCKETS-socket socket4x4 socket2x8}; do
-    [ -n "${HOSTS_NO_SOCKET:-}" ] && break
+  local shape shapes=${HOSTS_SOCKETS-socket socket4x4 socket2x8}
+  [ -n "${HOSTS_NO_SOCKET:-}" ] && shapes=
+  for shape in $shapes; do
     # shellcheck disable=SC2046
     hosts_run "hosts$tag-$shape" "$test" $(socket_shape "$shape")
     names+=("hosts$tag-$shape")
@@ -852,7 +852,8 @@ stage_ucxhosts() {
 threads_cmd() {
   local how fab=(NCCL_NET=Fabric NCCL_NET_PLUGIN="$PLUGIN_LIB/libnccl-net-fabric.so")
   case $1 in
-    socket2x8) how=(NCCL_NET=Socket NCCL_NET_PLUGIN=none NCCL_SOCKET_NTHREADS=2 NCCL_NSOCKS_PERTHREAD=8) ;;
+    # shellcheck disable=SC2207
+    socket2x8) how=($(socket_shape socket2x8)) ;;
     fabric) how=("${fab[@]}") ;;
     fabric-spin) how=("${fab[@]}" NCCL_FABRIC_PROGRESS_SPIN_US=10000000) ;;
     fabric-sleep50) how=("${fab[@]}" NCCL_FABRIC_PROGRESS_SPIN_US=50) ;;
@@ -941,8 +942,7 @@ stage_steps() {
   local pools=(NCCL_PROFILE_GROUP_API_POOL_SIZE=16 NCCL_PROFILE_COLL_API_POOL_SIZE=16
     NCCL_PROFILE_KERNEL_LAUNCH_POOL_SIZE=16 NCCL_PROFILE_GROUP_POOL_SIZE=16
     NCCL_PROFILE_COLL_POOL_SIZE=16 NCCL_PROFILE_P2P_POOL_SIZE=4 NCCL_PROFILE_P2P_API_POOL_SIZE=4)
-  local runs=("socket|NCCL_NET=Socket NCCL_NET_PLUGIN=none"
-    "socket2x8|NCCL_NET=Socket NCCL_NET_PLUGIN=none NCCL_SOCKET_NTHREADS=2 NCCL_NSOCKS_PERTHREAD=8"
+  local runs=("socket|$(socket_shape socket)" "socket2x8|$(socket_shape socket2x8)"
     "fabric|NCCL_NET=Fabric NCCL_NET_PLUGIN=$PLUGIN_LIB/libnccl-net-fabric.so")
   IFS=';' read -ra variants <<<"${STEPS_VARIANTS:-}"
   i=0
