@@ -197,7 +197,9 @@ impl RawSide {
         for e in events {
             match e {
                 // SAFETY: contexts are this benchmark's Ops, alive until their completion.
-                Event::Done { context, len, .. } => unsafe { &*context.cast::<Op>() }.complete(len),
+                Event::Done {
+                    context, len, tag, ..
+                } => unsafe { &*context.cast::<Op>() }.complete(len, tag),
                 // SAFETY: as above.
                 Event::Failed(f) => unsafe { &*f.context.cast::<Op>() }.fail(f),
             }

@@ -5,6 +5,17 @@
 //! NCCL calls isend/irecv/test from its progress thread and close from its service thread;
 //! every field a call changes is atomic.
 //!
+//! A message longer than the comm's piece size (agreed at connect, see
+//! `handshake::agreed_piece`) goes as up to [`MAX_PIECES`] messages of that size, the last
+//! taking the rest, all posted at once: the provider then overlaps one piece's rendezvous
+//! and data with the others' instead of moving one long message end to end. The sender
+//! alone knows how long its message is, so the receiver posts for the longest one its
+//! buffer takes: the first receive over the whole buffer (a whole message fits there) and
+//! one for each later piece at its offset. The first piece's tag says how many pieces
+//! follow (see `tags`); later pieces the message does not have are cancelled, and pieces of
+//! a message longer than the buffer are taken in by empty receives (into the overflow area),
+//! so that neither side waits on them.
+//!
 //! A request is a slot of the comm, aligned to 64 bytes; the pointer NCCL gets carries the
 //! slot's generation (see `opaque::request`), so a request already reported done is refused.
 //! While the provider holds a request's operation, the driver holds the comm (an `Arc`), so
@@ -19,6 +30,7 @@ use crate::lane::Lane;
 use crate::op::{Op, Status};
 use crate::opaque::{self, request};
 use crate::sys;
+use crate::tags::MAX_PIECES;
 use parking_lot::Mutex;
 use std::collections::HashMap;
 use std::ffi::c_void;
@@ -82,6 +94,10 @@ pub struct Comm {
     lease: Option<Arc<crate::lane::IdLease>>,
     pub peer: PeerInfo,
     me: Identity,
+    /// Messages longer than this go in pieces of it (0: whole).
+    piece: usize,
+    /// Itself, for the operations `test` hands the driver (see `Part::settle`).
+    this: std::sync::Weak<Comm>,
     /// The next sequence number per NCCL tag (see `tags`); held while posting, so numbers
     /// are used in order and one the provider refused is used again.
     next_seq: Mutex<HashMap<u64, u64>>,
@@ -119,13 +135,39 @@ pub struct Request {
     stall_reported: AtomicBool,
 }
 
-/// One buffer's operation.
+/// One buffer's operations.
 struct Part {
+    /// The whole message, or its first piece (a receive: over the whole buffer).
     op: Op,
+    /// Later pieces (none on a comm that sends whole messages); on a receive also the
+    /// drains of a sender's pieces beyond the buffer.
+    more: Box<[Op]>,
+    /// Operations in use: the first and `used - 1` of `more`.
+    used: AtomicUsize,
+    /// A receive's unused pieces were handed to the driver to cancel (or drains posted).
+    settled: AtomicBool,
     /// Bytes posted (send size or receive buffer size).
     posted: AtomicUsize,
     /// A profiler's event handle for it (see `exports`), NULL if none.
     event: AtomicPtr<c_void>,
+}
+
+/// How many pieces a message (or a receive) of `len` bytes has with pieces of `piece`.
+fn pieces(len: usize, piece: usize) -> usize {
+    match piece {
+        0 => 1,
+        p if len <= p => 1,
+        p => len.div_ceil(p).min(MAX_PIECES),
+    }
+}
+
+/// Offset and length of piece `i` of `count` of `len` bytes (the last takes the rest).
+fn span(len: usize, piece: usize, count: usize, i: usize) -> (usize, usize) {
+    if count == 1 {
+        return (0, len);
+    }
+    let off = i * piece;
+    (off, if i + 1 == count { len - off } else { piece })
 }
 
 /// What `test` reports of a finished request: bytes per buffer.
@@ -141,18 +183,31 @@ unsafe impl Send for Comm {}
 // SAFETY: as above.
 unsafe impl Sync for Comm {}
 
-impl Comm {
-    /// `max_recvs`: buffers a receive may group (a send comm then has that many times
+/// How a comm carries its requests.
+pub struct Terms {
+    /// After how long an unfinished request is reported.
+    pub stall_warn: Option<Duration>,
+    /// Buffers a receive may group (a send comm then has that many times
     /// [`REQUESTS_PER_COMM`] requests, each of one buffer).
+    pub max_recvs: usize,
+    /// Messages longer than this go in pieces of it (0: whole), as both ends agreed.
+    pub piece: usize,
+}
+
+impl Comm {
     pub fn new(
         dir: Direction,
         dev: usize,
         lane: Arc<Lane>,
         id: CommId,
         peer: PeerInfo,
-        stall_warn: Option<Duration>,
-        max_recvs: usize,
+        terms: Terms,
     ) -> Arc<Self> {
+        let Terms {
+            stall_warn,
+            max_recvs,
+            piece,
+        } = terms;
         let max_recvs = max_recvs.clamp(1, MAX_RECVS);
         let (count, parts) = match dir {
             Direction::Send => (REQUESTS_PER_COMM * max_recvs, 1),
@@ -168,6 +223,14 @@ impl Comm {
                 parts: (0..parts)
                     .map(|_| Part {
                         op: Op::default(),
+                        more: (1..match piece {
+                            0 => 1,
+                            _ => MAX_PIECES,
+                        })
+                            .map(|_| Op::default())
+                            .collect(),
+                        used: AtomicUsize::new(1),
+                        settled: AtomicBool::new(false),
                         posted: AtomicUsize::new(0),
                         event: AtomicPtr::new(std::ptr::null_mut()),
                     })
@@ -181,13 +244,15 @@ impl Comm {
             CommId::Leased(l) => (l.id, Some(l)),
             CommId::Peer(id) => (id, None),
         };
-        let comm = Arc::new(Comm {
+        let comm = Arc::new_cyclic(|this| Comm {
+            this: this.clone(),
             dir,
             dev,
             lane,
             id,
             lease,
             peer,
+            piece,
             me: Identity::current(),
             next_seq: Mutex::new(HashMap::new()),
             requests,
@@ -213,6 +278,19 @@ impl Comm {
         format!("{side} {}", self.me.describe(&self.peer.who))
     }
 
+    /// How it sends long messages, for log lines.
+    pub fn pieces_text(&self) -> String {
+        match self.piece {
+            0 => "whole messages".into(),
+            p => format!("messages over {p} bytes in up to {MAX_PIECES} pieces"),
+        }
+    }
+
+    /// This comm as the owner of an operation (it lives while NCCL holds a request of it).
+    fn owner(&self) -> Option<Owner> {
+        self.this.upgrade().map(|c| c as Owner)
+    }
+
     fn what(&self) -> &'static str {
         match self.dir {
             Direction::Send => "send",
@@ -220,15 +298,22 @@ impl Comm {
         }
     }
 
+    /// A free request slot: not held by NCCL, and none of its operations in the
+    /// provider's hands (those of a failed request finish after it was reported).
     fn claim(&self) -> Option<&Request> {
-        self.requests.iter().find(|r| {
-            if r.parts.iter().any(|p| p.op.status() != Status::Idle) {
+        let r = self.requests.iter().find(|r| {
+            let busy = |o: &Op| matches!(o.status(), Status::Queued | Status::Posted);
+            if r.parts.iter().any(|p| p.all_ops().any(busy)) {
                 return false;
             }
             r.held
                 .compare_exchange(false, true, Ordering::AcqRel, Ordering::Relaxed)
                 .is_ok()
-        })
+        })?;
+        for p in r.parts.iter() {
+            p.all_ops().for_each(Op::reset);
+        }
+        Some(r)
     }
 
     /// Posts a send (one buffer) or a receive (one buffer, or several grouped: each takes
@@ -285,19 +370,39 @@ impl Comm {
             };
             tags[i] = self.lane.tags.data(self.id, key, seq);
         }
-        let post_of = |i: usize| {
-            let (b, part, tag) = (&bufs[i], &req.parts[i], tags[i]);
+        // Piece `j` of buffer `i`.
+        let post_of = |i: usize, j: usize| {
+            let (b, part) = (&bufs[i], &req.parts[i]);
+            let count = pieces(b.len, self.piece);
+            let (off, len) = span(b.len, self.piece, count, j);
+            let tag = self.lane.tags.piece(tags[i], j, count);
+            // SAFETY: `off` lies within the buffer (see `span`).
+            let at = unsafe { b.data.cast::<u8>().add(off) }.cast::<c_void>();
             let transfer = match self.dir {
                 Direction::Send => Transfer::Send {
-                    buf: b.data,
-                    len: b.len,
+                    buf: at,
+                    len,
                     desc: b.desc,
                     dest: self.peer.addr,
                     tag,
                 },
-                Direction::Recv => Transfer::Recv {
+                // The first receive takes the whole buffer (a whole message, or a first
+                // piece whatever the count its tag says); later ones their piece.
+                Direction::Recv if j == 0 => Transfer::Recv {
                     buf: b.data,
                     len: b.len,
+                    desc: b.desc,
+                    src: self.lane.source(self.peer.addr),
+                    tag,
+                    ignore: match self.piece {
+                        0 => 0,
+                        _ => self.lane.tags.first_piece_ignores(),
+                    },
+                    overflow: b.host,
+                },
+                Direction::Recv => Transfer::Recv {
+                    buf: at,
+                    len,
                     desc: b.desc,
                     src: self.lane.source(self.peer.addr),
                     tag,
@@ -306,7 +411,7 @@ impl Comm {
                 },
             };
             Post {
-                op: &part.op,
+                op: part.op_of(j),
                 owner: self.clone() as Owner,
                 transfer,
             }
@@ -314,18 +419,24 @@ impl Comm {
         req.n.store(bufs.len(), Ordering::Relaxed);
         req.posted_at_ms.store(now_ms(), Ordering::Relaxed);
         req.stall_reported.store(false, Ordering::Relaxed);
-        // Every part is marked queued before the first can complete (claim() looks at all).
+        // Every operation is marked queued before the first can complete (claim() looks at
+        // all).
         for (b, part) in bufs.iter().zip(req.parts.iter()) {
+            let count = pieces(b.len, self.piece);
             part.posted.store(b.len, Ordering::Relaxed);
-            part.op.mark_queued();
+            part.used.store(count, Ordering::Relaxed);
+            part.settled.store(false, Ordering::Relaxed);
+            (0..count).for_each(|j| part.op_of(j).mark_queued());
         }
-        match self.lane.submit(post_of(0)) {
+        match self.lane.submit(post_of(0, 0)) {
             Ok(None) => {
                 for &(key, last) in &taken[..keys] {
                     seqs.insert(key, last.wrapping_add(1));
                 }
-                for i in 1..bufs.len() {
-                    self.lane.enqueue(post_of(i))?;
+                for (i, b) in bufs.iter().enumerate() {
+                    for j in (i == 0) as usize..pieces(b.len, self.piece) {
+                        self.lane.enqueue(post_of(i, j))?;
+                    }
                 }
                 self.refused_since.store(0, Ordering::Relaxed);
                 Ok(Some(request::pack(req, generation)))
@@ -481,12 +592,18 @@ impl Request {
         self.parts_in_use().iter().map(|p| &p.event)
     }
 
+    /// Whether every operation in use has its outcome.
+    fn finished(&self) -> bool {
+        self.parts_in_use()
+            .iter()
+            .all(|p| p.ops().all(|o| o.status().finished()))
+    }
+
     /// `test`: `Ok(Some(sizes))` when every buffer is done (the slot is then free again),
     /// `Ok(None)` if not; the first failed buffer makes it an error.
     pub fn test(&self) -> Result<Option<Sizes>> {
         let comm = self.comm();
-        let finished = |r: &Request| r.parts_in_use().iter().all(|p| p.op.status().finished());
-        if !finished(self) {
+        if !self.finished() {
             comm.lane.drive()?;
             if !comm.lane.threaded
                 && now_ms().saturating_sub(self.posted_at_ms.load(Ordering::Relaxed)) >= 1
@@ -495,31 +612,52 @@ impl Request {
             }
         }
         let parts = self.parts_in_use();
-        if let Some(failed) = parts.iter().find(|p| p.op.status() == Status::Failed) {
-            return Err(self.failure(comm, failed));
-        }
-        if !finished(self) {
-            comm.watch(self)?;
-            return Ok(None);
-        }
         let mut sizes = Sizes {
             n: parts.len(),
             bytes: [0; MAX_RECVS],
         };
+        let mut busy = false;
         for (i, p) in parts.iter().enumerate() {
-            sizes.bytes[i] = match (comm.dir, p.op.status()) {
-                (Direction::Recv, Status::Done(len)) => len,
-                _ => p.posted.load(Ordering::Relaxed),
-            };
+            match p.outcome(comm) {
+                Outcome::Busy => busy = true,
+                Outcome::Done(bytes) => sizes.bytes[i] = bytes,
+                Outcome::Failed(op) => {
+                    p.let_go(comm);
+                    return Err(self.failure(comm, p, op));
+                }
+                Outcome::Longer(sent) => {
+                    self.release();
+                    return Err(Error::Truncated {
+                        posted: p.posted.load(Ordering::Relaxed),
+                        sent: Some(sent),
+                        peer: comm.peer_text(),
+                    });
+                }
+                Outcome::Malformed(why) => {
+                    p.let_go(comm);
+                    self.release();
+                    comm.failed.store(true, Ordering::Release);
+                    return Err(Error::Remote(format!(
+                        "a message {} arrived malformed: {why}; the peer is not this plugin \
+                         or not in step with it",
+                        comm.peer_text()
+                    )));
+                }
+            }
+        }
+        if busy {
+            comm.watch(self)?;
+            return Ok(None);
         }
         self.release();
         Ok(Some(sizes))
     }
 
-    /// The error of a failed buffer. The request is given back; buffers of it still in the
-    /// provider's hands keep the slot from being used again until they finish.
-    fn failure(&self, comm: &Comm, part: &Part) -> Error {
-        let f = part.op.failure();
+    /// The error of a failed operation of a buffer. The request is given back; operations
+    /// of it still in the provider's hands keep the slot from being used again until they
+    /// finish.
+    fn failure(&self, comm: &Comm, part: &Part, op: &Op) -> Error {
+        let f = op.failure();
         let posted = part.posted.load(Ordering::Relaxed);
         self.release();
         let truncated = f
@@ -554,17 +692,151 @@ impl Request {
     /// Gives back a request none of whose buffers reached the provider.
     fn withdraw(&self) {
         for p in self.parts.iter() {
-            p.op.reset();
+            p.all_ops().for_each(Op::reset);
         }
         self.held.store(false, Ordering::Release);
     }
 
     fn release(&self) {
         for p in self.parts.iter() {
-            if matches!(p.op.status(), Status::Done(_) | Status::Failed) {
-                p.op.reset();
-            }
+            p.all_ops()
+                .filter(|o| o.status().finished())
+                .for_each(Op::reset);
         }
         self.held.store(false, Ordering::Release);
+    }
+}
+
+/// Where one buffer of a request stands.
+enum Outcome<'a> {
+    Busy,
+    /// Bytes it holds.
+    Done(usize),
+    /// This operation failed.
+    Failed(&'a Op),
+    /// The sender's message, of this many bytes, is longer than the receive.
+    Longer(usize),
+    Malformed(String),
+}
+
+impl Part {
+    /// The operation of piece `j`.
+    fn op_of(&self, j: usize) -> &Op {
+        match j {
+            0 => &self.op,
+            j => &self.more[j - 1],
+        }
+    }
+
+    /// The operations in use.
+    fn ops(&self) -> impl Iterator<Item = &Op> {
+        let used = self
+            .used
+            .load(Ordering::Relaxed)
+            .clamp(1, self.more.len() + 1);
+        std::iter::once(&self.op).chain(&self.more[..used - 1])
+    }
+
+    fn all_ops(&self) -> impl Iterator<Item = &Op> {
+        std::iter::once(&self.op).chain(self.more.iter())
+    }
+
+    fn outcome(&self, comm: &Comm) -> Outcome<'_> {
+        let failed = |o: &&Op| o.status() == Status::Failed;
+        if comm.dir == Direction::Send || self.more.is_empty() {
+            if let Some(op) = self.ops().find(failed) {
+                return Outcome::Failed(op);
+            }
+            if !self.ops().all(|o| o.status().finished()) {
+                return Outcome::Busy;
+            }
+            return Outcome::Done(match (comm.dir, self.op.status()) {
+                (Direction::Recv, Status::Done(len)) => len,
+                _ => self.posted.load(Ordering::Relaxed),
+            });
+        }
+        // A receive on a comm that splits long messages: the first piece says how many.
+        let first = match self.op.status() {
+            Status::Done(len) => len,
+            Status::Failed => return Outcome::Failed(&self.op),
+            _ => return Outcome::Busy,
+        };
+        let count = comm.lane.tags.pieces_of(self.op.tag());
+        // The receive's own pieces (`used` grows by the drains).
+        let posted = pieces(self.posted.load(Ordering::Relaxed), comm.piece);
+        if count > 1 && first != comm.piece {
+            return Outcome::Malformed(format!(
+                "its first piece has {first} bytes, not the {} agreed",
+                comm.piece
+            ));
+        }
+        if !self.settled.swap(true, Ordering::AcqRel) {
+            self.settle(comm, count, posted);
+        }
+        let used = self.ops().count();
+        if !self.ops().all(|o| o.status().finished()) {
+            return Outcome::Busy;
+        }
+        if count > posted {
+            // The drains' failures hold their pieces' lengths.
+            let later = self.more[..used - 1].iter().map(|o| match o.status() {
+                Status::Done(len) => len,
+                _ => o.failure().map_or(0, |f| f.olen),
+            });
+            return Outcome::Longer(first + later.sum::<usize>());
+        }
+        // Pieces beyond the message's were cancelled: their outcome does not count.
+        let mut bytes = first;
+        for op in self.more[..used - 1].iter().take(count - 1) {
+            match op.status() {
+                Status::Done(len) => bytes += len,
+                _ => return Outcome::Failed(op),
+            }
+        }
+        Outcome::Done(bytes)
+    }
+
+    /// Once the first piece arrived: cancels the receives of pieces the message does not
+    /// have, or takes the pieces of a message longer than the buffer into the overflow area.
+    /// (An error here is the endpoint's, which the next `test` reports.)
+    fn settle(&self, comm: &Comm, count: usize, posted: usize) {
+        for j in count..posted {
+            let _ = comm.lane.cancel(self.op_of(j));
+        }
+        // A drain is an empty receive: its piece goes to the overflow area, or, where the
+        // endpoint has none, the provider reports it truncated.
+        let (true, Some(owner)) = (count > posted, comm.owner()) else {
+            return;
+        };
+        let tag = comm.lane.tags.whole(self.op.tag());
+        self.used.store(count, Ordering::Relaxed);
+        for j in posted..count {
+            let op = self.op_of(j);
+            op.mark_queued();
+            let _ = comm.lane.enqueue(Post {
+                op,
+                owner: owner.clone(),
+                transfer: Transfer::Recv {
+                    buf: std::ptr::null_mut(),
+                    len: 0,
+                    desc: std::ptr::null_mut(),
+                    src: comm.lane.source(comm.peer.addr),
+                    tag: comm.lane.tags.piece(tag, j, count),
+                    ignore: 0,
+                    overflow: true,
+                },
+            });
+        }
+    }
+
+    /// A failed receive gives up its later pieces (no message will fill them now).
+    fn let_go(&self, comm: &Comm) {
+        if comm.dir == Direction::Recv && !self.settled.swap(true, Ordering::AcqRel) {
+            for op in self.ops().skip(1) {
+                if !op.status().finished() {
+                    let _ = comm.lane.cancel(op);
+                }
+            }
+        }
     }
 }

@@ -11,11 +11,11 @@
 //! ranks of this process the messages are handed over directly. No lock shared between
 //! connects is held while libfabric is called.
 
-use crate::comm::{Comm, CommId, Direction, PeerInfo};
+use crate::comm::{Comm, CommId, Direction, PeerInfo, Terms};
 use crate::control::{self, Answer, Control, Incoming, ListenSlot, LocalConnect, Peer, Sent};
 use crate::device::{ConnectEntry, Connecting, Device};
 use crate::error::{Error, Result};
-use crate::handshake::{Handle, Kind, Record};
+use crate::handshake::{agreed_piece, piece_field, Handle, Kind, Record};
 use crate::lane::{Lane, Role};
 use crate::nccl::NET_HANDLE_MAXSIZE;
 use crate::plugin::Plugin;
@@ -82,6 +82,14 @@ pub fn listen(
     })
 }
 
+/// The piece size this end offers for comms on `lane` (see `comm`).
+fn offered_piece(plugin: &Plugin, lane: &Lane) -> u64 {
+    match crate::quirks::pieces_pay(&lane.endpoint.provider) {
+        true => plugin.settings.piece_bytes,
+        false => 0,
+    }
+}
+
 /// Makes a comm on `lane`, giving the lane's user back if that fails.
 #[allow(clippy::too_many_arguments)]
 fn comm_on(
@@ -92,6 +100,7 @@ fn comm_on(
     addr: &[u8],
     who: crate::handshake::Identity,
     liveness: Arc<Peer>,
+    piece: u64,
     plugin: &Plugin,
 ) -> Result<Arc<Comm>> {
     let addr = match lane.peer(addr) {
@@ -112,8 +121,11 @@ fn comm_on(
             who,
             liveness,
         },
-        (stall > 0).then(|| Duration::from_millis(stall)),
-        plugin.settings.max_recvs as usize,
+        Terms {
+            stall_warn: (stall > 0).then(|| Duration::from_millis(stall)),
+            max_recvs: plugin.settings.max_recvs as usize,
+            piece: piece as usize,
+        },
     ))
 }
 
@@ -146,7 +158,11 @@ impl ListenComm {
                         *state = AcceptState::Done;
                         let why = match outcome {
                             Some(Ok(())) => {
-                                tracing::debug!("accepted: {}", comm.peer_text());
+                                tracing::debug!(
+                                    "accepted: {}; {}",
+                                    comm.peer_text(),
+                                    comm.pieces_text()
+                                );
                                 return Ok(Some(comm));
                             }
                             Some(Err(e)) => format!("sending the ACK failed: {e}"),
@@ -212,6 +228,7 @@ impl ListenComm {
         };
         let receiver = Arc::downgrade(&lane.endpoint);
         let name = lane.endpoint.name.clone();
+        let piece = agreed_piece(offered_piece(plugin, &lane), incoming.piece);
         let comm = comm_on(
             device.index,
             lane,
@@ -220,6 +237,7 @@ impl ListenComm {
             &incoming.data,
             incoming.who,
             liveness,
+            piece,
             plugin,
         )?;
         let sent = match incoming.local {
@@ -228,6 +246,7 @@ impl ListenComm {
                     id,
                     who: self.control.me,
                     data: name,
+                    piece,
                     receiver: Some(receiver),
                 });
                 Sent::delivered()
@@ -238,7 +257,7 @@ impl ListenComm {
                     a: incoming.conn,
                     b: id,
                     who: self.control.me,
-                    fields: vec![name],
+                    fields: vec![name, piece_field(piece)],
                 };
                 self.control.send_answer(&incoming.reply_to, ack)
             }
@@ -337,6 +356,7 @@ fn advance(c: &mut Connecting, device: &Device, plugin: &Plugin) -> Result<Optio
                 who: control.me,
                 reply_to: Vec::new(),
                 data: lane.endpoint.name.clone(),
+                piece: offered_piece(plugin, &lane),
                 local: Some(LocalConnect {
                     reply: c.slot.clone(),
                     sender: Arc::downgrade(&lane.endpoint),
@@ -351,7 +371,11 @@ fn advance(c: &mut Connecting, device: &Device, plugin: &Plugin) -> Result<Optio
                 a: c.handle.token,
                 b: c.conn,
                 who: control.me,
-                fields: vec![control.address.clone(), lane.endpoint.name.clone()],
+                fields: vec![
+                    control.address.clone(),
+                    lane.endpoint.name.clone(),
+                    piece_field(offered_piece(plugin, &lane)),
+                ],
             };
             control.send_connect(&c.handle.addr, connect, c.slot.clone());
         }
@@ -359,7 +383,7 @@ fn advance(c: &mut Connecting, device: &Device, plugin: &Plugin) -> Result<Optio
     // Step 3: the answer. None of the providers reports a refused connection (rxm and tcp
     // retry, shm waits for the name to appear): one that has not answered for a while is
     // checked once.
-    let (id, who, data_addr, receiver) = match c.slot.take() {
+    let (id, who, data_addr, piece, receiver) = match c.slot.take() {
         None if !local
             && !c.checked
             && c.sent.is_some_and(|t| t.elapsed() >= REFUSAL_CHECK_AFTER) =>
@@ -384,8 +408,9 @@ fn advance(c: &mut Connecting, device: &Device, plugin: &Plugin) -> Result<Optio
             id,
             who,
             data,
+            piece,
             receiver,
-        }) => (id, who, data, receiver),
+        }) => (id, who, data, piece, receiver),
     };
     if let Some(r) = receiver {
         if crate::quirks::sender_waits_for_receiver(&lane.endpoint.provider) {
@@ -397,6 +422,8 @@ fn advance(c: &mut Connecting, device: &Device, plugin: &Plugin) -> Result<Optio
         false => control.peer(&c.handle.addr),
     };
     let lane = c.lane.take().expect("set in step 1");
+    // The listener agreed it, from the offer above: never more than this end offers.
+    let piece = agreed_piece(offered_piece(plugin, &lane), piece);
     let comm = comm_on(
         device.index,
         lane,
@@ -405,8 +432,9 @@ fn advance(c: &mut Connecting, device: &Device, plugin: &Plugin) -> Result<Optio
         &data_addr,
         who,
         liveness,
+        piece,
         plugin,
     )?;
-    tracing::debug!("connected: {}", comm.peer_text());
+    tracing::debug!("connected: {}; {}", comm.peer_text(), comm.pieces_text());
     Ok(Some(comm))
 }

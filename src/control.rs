@@ -203,6 +203,8 @@ pub struct Incoming {
     pub reply_to: Vec<u8>,
     /// The connector's sending endpoint.
     pub data: Vec<u8>,
+    /// The piece size the connector offers (see `handshake::agreed_piece`).
+    pub piece: u64,
     /// Set for a connect from this same process.
     pub local: Option<LocalConnect>,
 }
@@ -243,6 +245,8 @@ pub enum Answer {
         id: u64,
         who: Identity,
         data: Vec<u8>,
+        /// The piece size both ends use.
+        piece: u64,
         /// For a listener in this process: its receiving lane's endpoint.
         receiver: Option<Weak<Endpoint>>,
     },
@@ -828,6 +832,7 @@ impl Station {
                 who,
                 reply_to,
                 data,
+                piece,
             } => {
                 let slot = control.listeners.lock().get(&token).cloned();
                 let offered = match slot {
@@ -836,6 +841,7 @@ impl Station {
                         who,
                         reply_to: reply_to.clone(),
                         data,
+                        piece,
                         local: None,
                     }),
                     None => Err("no listen comm has that handle (closed, or stale)"),
@@ -860,11 +866,13 @@ impl Station {
                 id,
                 who,
                 data,
+                piece,
             } => match control.connects.lock().remove(&conn) {
                 Some(s) => s.answer(Answer::Ack {
                     id,
                     who,
                     data,
+                    piece,
                     receiver: None,
                 }),
                 None => self.note_bad("an ACK for no connect in progress (stale, or forged)"),

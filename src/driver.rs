@@ -133,6 +133,10 @@ pub enum Command {
     /// Close this endpoint only after `receiver` has closed (see
     /// `quirks::sender_waits_for_receiver`).
     CloseAfter(Weak<Endpoint>),
+    /// Cancel the receive of this operation (its context's address): a piece no message
+    /// will fill (see `comm`). Still waiting, it fails at once with `ECANCELED`; posted, the
+    /// provider is asked to cancel it; already complete, nothing happens.
+    Cancel(usize),
 }
 
 /// Commands waiting for a driver. Pushing never blocks on the driver's work.
@@ -406,6 +410,7 @@ impl Driver {
                     });
                 }
                 Command::CloseAfter(receiver) => self.close_after.push(receiver),
+                Command::Cancel(context) => self.cancel(context),
             }
         }
         n
@@ -624,7 +629,7 @@ impl Driver {
             }
         }
         match e {
-            Event::Done { len, .. } => match entry.posted {
+            Event::Done { len, tag, .. } => match entry.posted {
                 Some(posted) if len > posted => {
                     crate::overflow::release(len - posted);
                     op.fail_with(
@@ -633,7 +638,7 @@ impl Driver {
                         "message longer than the receive".into(),
                     );
                 }
-                _ => op.complete(len),
+                _ => op.complete(len, tag),
             },
             Event::Failed(f) => op.fail(f),
         }
@@ -771,6 +776,21 @@ impl Driver {
     /// but the sinks, which go on taking in stragglers, so that a peer's sends to closed
     /// comms finish rather than being dropped with the endpoint (2.1 tcp;ofi_rxm cannot
     /// close a domain whose endpoint closed with unfinished sends).
+    fn cancel(&mut self, context: usize) {
+        if self.in_flight.contains_key(&context) {
+            return self.queue.cancel(context);
+        }
+        self.waiting.retain(|p| {
+            // SAFETY: as in take_commands.
+            let op = unsafe { &*p.op };
+            if op.context() as usize != context {
+                return true;
+            }
+            op.fail_with(libc::ECANCELED, 0, "cancelled before it was posted".into());
+            false
+        });
+    }
+
     pub fn cancel_all(&mut self, sinks_too: bool) {
         if sinks_too {
             self.sinks.clear();
@@ -868,6 +888,7 @@ mod tests {
             src: None,
             context: bogus,
             len: 8,
+            tag: 0,
         });
         d.settle(Event::Failed(Failure {
             context: bogus,

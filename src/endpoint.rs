@@ -53,6 +53,8 @@ pub enum Event {
     Done {
         context: *mut c_void,
         len: usize,
+        /// The message's tag (a receive's; what a send's entry holds otherwise).
+        tag: u64,
         src: Option<sys::fi_addr_t>,
     },
     /// Failed (`fi_cq_readerr`); the context may be NULL (an error of the endpoint itself).
@@ -477,6 +479,7 @@ impl Queue {
                     .map(|(e, &src)| Event::Done {
                         context: e.op_context,
                         len: e.len,
+                        tag: e.tag,
                         src: (source && e.flags & sys::FI_RECV as u64 != 0).then_some(src),
                     }),
             );

@@ -3,8 +3,9 @@
 //!
 //! ```text
 //! listen  : handle  {listen token, control nonce, owner host/pid, control address}
-//! connect : CONNECT {listen token, conn id, sender host/pid, sender control + data address} ──▶
-//! accept  : ◀── ACK {conn id, comm id, receiver host/pid, receiver data address}
+//! connect : CONNECT {listen token, conn id, sender host/pid, sender control + data address,
+//!                    piece size offered} ──▶
+//! accept  : ◀── ACK {conn id, comm id, receiver host/pid, receiver data address, piece size}
 //!           ◀── NACK {conn id, reason}   (no such listen comm, or already connected)
 //! liveness: PING {token, reply address} ──▶   ◀── PONG {token}
 //! ```
@@ -289,6 +290,19 @@ impl Handle {
     }
 }
 
+/// A piece size as a record field (see `comm`: how long messages are split).
+pub fn piece_field(bytes: u64) -> Vec<u8> {
+    bytes.to_le_bytes().to_vec()
+}
+
+/// The piece size two peers use: the smaller of what each offers, none if either offers none.
+pub fn agreed_piece(mine: u64, theirs: u64) -> u64 {
+    match (mine, theirs) {
+        (0, _) | (_, 0) => 0,
+        (a, b) => a.min(b),
+    }
+}
+
 /// A control message, read and checked: every address in it has the shape of this
 /// provider's addresses (see `address`), so it can go to libfabric as it is.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -301,13 +315,16 @@ pub enum Message {
         who: Identity,
         reply_to: Vec<u8>,
         data: Vec<u8>,
+        /// The piece size the connector offers (0: none; a peer without the field).
+        piece: u64,
     },
-    /// Connect `conn` accepted: send to comm `id` at `data`.
+    /// Connect `conn` accepted: send to comm `id` at `data`, in pieces of `piece` bytes.
     Ack {
         conn: u64,
         id: u64,
         who: Identity,
         data: Vec<u8>,
+        piece: u64,
     },
     /// Connect `conn` refused, and why.
     Nack {
@@ -338,6 +355,20 @@ impl Message {
                 .map_err(|e| Error::InvalidArgument(format!("malformed {what}: {e}")))?;
             Ok(a.to_vec())
         };
+        // A field a peer may leave out (0 then).
+        let number = |i: usize| -> Result<u64> {
+            match r.fields.get(i) {
+                None => Ok(0),
+                Some(f) => <[u8; 8]>::try_from(f.as_slice())
+                    .map(u64::from_le_bytes)
+                    .map_err(|_| {
+                        Error::InvalidArgument(format!(
+                            "malformed {what}: field {i} has {} bytes, not 8",
+                            f.len()
+                        ))
+                    }),
+            }
+        };
         Ok(match r.kind {
             Kind::Connect => Message::Connect {
                 token: r.a,
@@ -345,12 +376,14 @@ impl Message {
                 who: r.who,
                 reply_to: address(0, control)?,
                 data: address(1, data)?,
+                piece: number(2)?,
             },
             Kind::Ack => Message::Ack {
                 conn: r.a,
                 id: r.b,
                 who: r.who,
                 data: address(0, data)?,
+                piece: number(1)?,
             },
             Kind::Nack => Message::Nack {
                 conn: r.a,

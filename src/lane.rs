@@ -135,6 +135,13 @@ impl Lane {
         }
     }
 
+    /// Asks the driver to cancel a receive no message will fill (see [`Command::Cancel`]);
+    /// its outcome then shows in the operation.
+    pub fn cancel(&self, op: &crate::op::Op) -> Result<()> {
+        self.inbox.push(Command::Cancel(op.context() as usize));
+        self.drive()
+    }
+
     /// Keeps this (sending) lane's endpoint open until `receiver` has closed.
     pub fn close_after(&self, receiver: Weak<Endpoint>) {
         self.inbox.push(Command::CloseAfter(receiver));

@@ -8,7 +8,7 @@ use crate::endpoint::Failure;
 use crate::sys;
 use parking_lot::Mutex;
 use std::ffi::c_void;
-use std::sync::atomic::{AtomicU32, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicU64, AtomicUsize, Ordering};
 
 const IDLE: u32 = 0;
 const QUEUED: u32 = 1;
@@ -42,6 +42,8 @@ pub struct Op {
     ctx: sys::fi_context2,
     state: AtomicU32,
     len: AtomicUsize,
+    /// The tag a receive's message came with.
+    tag: AtomicU64,
     failure: Mutex<Option<Failure>>,
 }
 
@@ -57,6 +59,7 @@ impl Default for Op {
             ctx: sys::fi_context2::default(),
             state: AtomicU32::new(IDLE),
             len: AtomicUsize::new(0),
+            tag: AtomicU64::new(0),
             failure: Mutex::new(None),
         }
     }
@@ -93,10 +96,15 @@ impl Op {
     pub fn failure(&self) -> Option<Failure> {
         self.failure.lock().clone()
     }
-    /// Records a completion.
-    pub fn complete(&self, len: usize) {
+    /// Records a completion: bytes moved, and the tag of what it carried.
+    pub fn complete(&self, len: usize, tag: u64) {
         self.len.store(len, Ordering::Relaxed);
+        self.tag.store(tag, Ordering::Relaxed);
         self.state.store(DONE, Ordering::Release);
+    }
+    /// The tag of a [`Status::Done`] operation's message (as the provider reported it).
+    pub fn tag(&self) -> u64 {
+        self.tag.load(Ordering::Relaxed)
     }
     /// Records a failure.
     pub fn fail(&self, f: Failure) {

@@ -61,6 +61,11 @@
 //! - **No link speed**: shm and sm2 report none; NCCL then opens 2 channels at the 100 Gb/s it
 //!   assumes. They are announced at 400 Gb/s so NCCL opens 4 and 4 endpoints copy at once
 //!   (all_reduce busbw at 1 GiB: 9.3 → 14.5 GB/s on a 32-core machine) ([`unreported_speed_mbps`]).
+//! - **Pieces over shared memory**: shm moves a message in one copy between the two
+//!   processes' memory, so pieces (see `comm`) overlap nothing there; and libfabric 1.17 shm
+//!   loses a first piece whose count bits its receive ignores (the receive never completes,
+//!   while the later pieces arrive: the piece test, 2 of 2 runs; 2.1 is not affected). Comms
+//!   over shared-memory providers send whole messages ([`pieces_pay`]).
 //! - **Wait objects that tell all**: a progress thread with nothing to do may sleep on its
 //!   completion queue's wait object only where that fd polls readable for everything the
 //!   thread would wait for. tcp puts every socket of the domain (readable, and writable while
@@ -84,6 +89,11 @@ pub const SHARED_MEMORY_SPEED_MBPS: u64 = 400_000;
 /// Providers that only reach peers on the same host.
 pub fn local_only(provider: &str) -> bool {
     matches!(provider, "shm" | "sm2")
+}
+
+/// Whether long messages go in pieces over this provider (see the module notes).
+pub fn pieces_pay(provider: &str) -> bool {
+    !local_only(provider)
 }
 
 /// The speed to announce for a provider that reports no link speed and has no network

@@ -43,6 +43,7 @@ pub const PROGRESS_SPIN_US: &str = "NCCL_FABRIC_PROGRESS_SPIN_US";
 pub const LANES: &str = "NCCL_FABRIC_LANES";
 pub const PEER_TIMEOUT_MS: &str = "NCCL_FABRIC_PEER_TIMEOUT_MS";
 pub const MAX_RECVS: &str = "NCCL_FABRIC_MAX_RECVS";
+pub const PIECE_BYTES: &str = "NCCL_FABRIC_PIECE_BYTES";
 pub const CONTROL_PROVIDER: &str = "NCCL_FABRIC_CONTROL_PROVIDER";
 
 pub const TABLE: &[Setting] = &[
@@ -146,6 +147,17 @@ pub const TABLE: &[Setting] = &[
                   this many sends of a shared point-to-point connection in one receive",
     },
     Setting {
+        name: PIECE_BYTES,
+        kind: Kind::Number { min: 0, max: 1 << 30 },
+        default: "1048576",
+        meaning: "a message longer than this is sent as up to 4 pieces of this size (the last \
+                  takes the rest), all in flight at once, so that the provider's rendezvous \
+                  and the data of one piece overlap the others'; the peers use the smaller of \
+                  their values, and 0 at either end sends whole messages (as comms over \
+                  shared memory always do). NCCL's default buffers make transfers of 1 MiB, \
+                  which go whole",
+    },
+    Setting {
         name: STALL_WARN_MS,
         kind: Kind::Number { min: 0, max: 86_400_000 },
         default: "60000",
@@ -246,6 +258,8 @@ pub struct Settings {
     pub linger_ms: u64,
     pub peer_timeout_ms: u64,
     pub max_recvs: u64,
+    /// Piece size of long messages (0: whole messages), before the peers agree.
+    pub piece_bytes: u64,
     pub stall_warn_ms: u64,
     pub speed_mbps: u64,
     pub allow_native_tcp: bool,
@@ -356,6 +370,7 @@ impl Settings {
             linger_ms: number(LINGER_MS)?,
             peer_timeout_ms: number(PEER_TIMEOUT_MS)?,
             max_recvs: number(MAX_RECVS)?,
+            piece_bytes: number(PIECE_BYTES)?,
             stall_warn_ms: number(STALL_WARN_MS)?,
             speed_mbps: number(SPEED_MBPS)?,
             allow_native_tcp: value(&lookup, ALLOW_TCP_RDM)? == "yes",

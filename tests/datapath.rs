@@ -464,6 +464,217 @@ fn child_process_rank() {
     println!("RESULT ok=1");
 }
 
+// ---------------------------------------------------------------------------------------
+// Long messages in pieces (`NCCL_FABRIC_PIECE_BYTES`): every shape around the piece size.
+
+const PIECE: usize = 4096;
+
+/// (send bytes, receive bytes): whole messages, pieces that fill the receive, pieces fewer
+/// than the receive has room for, an odd last piece, a last piece taking the rest.
+const PIECE_CASES: &[(usize, usize)] = &[
+    (0, 0),
+    (0, 5 * PIECE),
+    (1, PIECE),
+    (PIECE - 1, PIECE),
+    (PIECE, PIECE),
+    (PIECE, PIECE + 1),
+    (PIECE + 1, PIECE + 1),
+    (PIECE + 1, 5 * PIECE),
+    (2 * PIECE, 2 * PIECE),
+    (2 * PIECE + 1, 4 * PIECE),
+    (3 * PIECE, 4 * PIECE + 1),
+    (4 * PIECE, 4 * PIECE),
+    (4 * PIECE + 1, 4 * PIECE + 1),
+    (4 * PIECE + 1, 100_000),
+    (100_000, 100_000),
+    (100_000, 1 << 20),
+    (1 << 20, 1 << 20),
+];
+
+/// Posts `b` as a send of its first `len` bytes, or as a receive of all of it.
+///
+/// # Safety
+/// `b` must stay untouched until the request completed.
+unsafe fn post_case(
+    lib: &PluginLib,
+    comm: Ptr,
+    send: bool,
+    b: &mut [u8],
+    len: usize,
+    until: Instant,
+) -> Ptr {
+    let (data, none) = (b.as_mut_ptr().cast(), Ptr(std::ptr::null_mut()));
+    // SAFETY: per the caller.
+    unsafe {
+        match send {
+            true => lib.isend_until(comm, data, len as i32, none, until),
+            false => lib.irecv_until(comm, data, b.len() as i32, none, until),
+        }
+    }
+    .expect("post")
+}
+
+/// One direction of the piece script: every case, eight at a time, in both roles.
+fn pieces_one_way(lib: &PluginLib, comm: Ptr, send: bool, until: Instant) {
+    let mut bufs: Vec<Vec<u8>> = Vec::new();
+    for (round, cases) in PIECE_CASES.chunks(IN_FLIGHT).enumerate() {
+        bufs.clear();
+        let mut reqs = Vec::new();
+        for (k, &(len, cap)) in cases.iter().enumerate() {
+            let i = round * IN_FLIGHT + k;
+            bufs.push(if send {
+                pattern(i, len)
+            } else {
+                vec![0u8; cap]
+            });
+            let b = bufs.last_mut().expect("pushed");
+            // SAFETY: the buffers stay until this round's requests completed (below).
+            reqs.push((unsafe { post_case(lib, comm, send, b, len, until) }, i, len));
+        }
+        for (r, i, len) in reqs {
+            let got = lib
+                .wait(r, until)
+                .unwrap_or_else(|e| panic!("message {i} of {len} bytes (send {send}): {e}"));
+            assert_eq!(
+                got as usize, len,
+                "message {i}: reported size (send {send})"
+            );
+            let k = i - round * IN_FLIGHT;
+            assert!(
+                send || bufs[k][..len] == pattern(i, len)[..],
+                "message {i} of {len} bytes differs"
+            );
+        }
+    }
+    // A message in 4 pieces into a receive of 2: an error for the receive alone; the
+    // sender's request ends, and the comm carries on.
+    let (long, short) = (4 * PIECE + 100, 2 * PIECE);
+    let mut b = if send {
+        pattern(99, long)
+    } else {
+        vec![0u8; short]
+    };
+    // SAFETY: b outlives the request, waited for right away.
+    let got = lib.wait(
+        unsafe { post_case(lib, comm, send, &mut b, long, until) },
+        until,
+    );
+    match send {
+        true => assert_eq!(got.expect("the long send ends") as usize, long),
+        false => println!("RESULT truncated={}", got.expect_err("too long").code),
+    }
+    let (len, i) = (3 * PIECE + 5, 100);
+    let mut b = if send {
+        pattern(i, len)
+    } else {
+        vec![0u8; len]
+    };
+    // SAFETY: as above.
+    let got = lib.wait(
+        unsafe { post_case(lib, comm, send, &mut b, len, until) },
+        until,
+    );
+    assert_eq!(got.expect("after the truncation") as usize, len);
+    assert!(
+        send || b == pattern(i, len),
+        "the message after the truncation differs"
+    );
+}
+
+#[test]
+#[ignore = "child process of another test"]
+fn child_pieces_rank() {
+    let lib = init();
+    let until = deadline(60);
+    let (send, recv, listen) = meet_peer(&lib, until, std::env::var("NFAB_ACCEPT_FIRST").is_ok());
+    lib.close_listen(listen).expect("closeListen");
+    std::thread::scope(|s| {
+        s.spawn(|| pieces_one_way(&lib, recv, false, until));
+        pieces_one_way(&lib, send, true, until);
+    });
+    lib.close_send(send).expect("closeSend");
+    lib.close_recv(recv).expect("closeRecv");
+    println!("RESULT ok=1");
+}
+
+/// Two ranks with these piece sizes, each sending the piece script to the other; what both
+/// logged about their comms.
+fn pieces_between(env: &[(String, String)], pieces: [&str; 2], what: &str) -> [String; 2] {
+    let mut ranks: Vec<ChildTest> = pieces
+        .iter()
+        .enumerate()
+        .map(|(k, bytes)| {
+            let mut env = env.to_vec();
+            env.push(("NCCL_FABRIC_PIECE_BYTES".into(), bytes.to_string()));
+            env.push(("NCCL_FABRIC_LOG".into(), "debug".into()));
+            env.push(("NCCL_DEBUG".into(), "TRACE".into()));
+            if k == 1 {
+                env.push(("NFAB_ACCEPT_FIRST".into(), "1".into()));
+            }
+            spawn_child("child_pieces_rank", &env, child_timeout())
+        })
+        .collect();
+    let ha = ranks[0].read_result("handle");
+    let hb = ranks[1].read_result("handle");
+    ranks[0].send_line(&hb);
+    ranks[1].send_line(&ha);
+    let done: Vec<common::Finished> = ranks.into_iter().map(ChildTest::finish).collect();
+    for (k, f) in done.iter().enumerate() {
+        assert!(
+            f.success && f.result("ok").is_some(),
+            "rank {k} over {what} (pieces {pieces:?}) failed\n--- stdout\n{}\n--- stderr\n{}",
+            f.stdout,
+            f.stderr
+        );
+        assert_eq!(
+            f.result("truncated"),
+            Some((NcclResult::InternalError as i32).to_string()),
+            "rank {k} over {what}: {}",
+            f.stderr
+        );
+        assert!(
+            f.stderr.contains("receive of 8192 bytes")
+                && f.stderr.contains("16484 bytes were sent"),
+            "rank {k} over {what}: the WARN names both sizes: {}",
+            f.stderr
+        );
+    }
+    [done[0].stderr.clone(), done[1].stderr.clone()]
+}
+
+#[test]
+fn long_messages_go_in_pieces_both_ends_agree_on() {
+    let split = format!("messages over {PIECE} bytes in up to 4 pieces");
+    let mut providers = provider_envs();
+    providers.extend(
+        more_providers()
+            .into_iter()
+            .map(|p| (p.to_string(), provider_env(p))),
+    );
+    for (p, env) in providers {
+        let piece = PIECE.to_string();
+        // Shared memory sends whole messages whatever is offered (quirks: pieces over shm).
+        let (pieces, whole) = match p.starts_with("shm") {
+            false => (2, 0),
+            true => (0, 2),
+        };
+        for log in pieces_between(&env, [&piece, &piece], &p) {
+            assert!(
+                log.matches(&split).count() == pieces
+                    && log.matches("whole messages").count() == whole,
+                "over {p}: both comms of each rank send in pieces (whole over shm): {log}"
+            );
+        }
+        // One end without pieces: both send whole messages, and the script still holds.
+        for log in pieces_between(&env, [&piece, "0"], &format!("{p}, one end without")) {
+            assert!(
+                log.matches("whole messages").count() == 2 && !log.contains(&split),
+                "over {p}: an end that offers none makes both send whole messages: {log}"
+            );
+        }
+    }
+}
+
 /// Starts two rank processes and hands each the other's handle.
 fn process_pair(child: &str, env: &[(String, String)]) -> (ChildTest, ChildTest) {
     let mut a = spawn_child(child, env, child_timeout());
@@ -513,13 +724,17 @@ fn two_processes() {
 /// Providers the other tests do not cover, each as two processes, with NCCL's calls driving and
 /// with progress threads: `udp;ofi_rxd` (manual progress, layered on a datagram provider, and
 /// completions without a source), and on 1.17 `sockets`, `net` and `net;ofi_rxm`.
-#[test]
-fn two_processes_on_more_providers() {
+fn more_providers() -> Vec<&'static str> {
     let mut providers = vec!["udp;ofi_rxd"];
     if libfabric_version() < (1, 18) {
         providers.extend(["sockets", "net", "net;ofi_rxm"]);
     }
-    for p in providers {
+    providers
+}
+
+#[test]
+fn two_processes_on_more_providers() {
+    for p in more_providers() {
         for threads in ["no", "yes"] {
             let mut env = provider_env(p);
             env.push(("NCCL_FABRIC_PROGRESS_THREAD".into(), threads.into()));

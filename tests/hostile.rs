@@ -160,7 +160,7 @@ fn serve_one(s: &mut Stranger, me: &[u8], victim: u64, bytes: &[u8], relay: &mut
     };
     let t = scaled(10.0);
     match r.kind {
-        Kind::Connect if relay.connector.is_none() && r.fields.len() == 2 => {
+        Kind::Connect if relay.connector.is_none() && r.fields.len() >= 2 => {
             relay.connector = Some(r.fields[0].clone());
             r.fields[0] = me.to_vec();
             let mut buf = vec![0u8; 320];

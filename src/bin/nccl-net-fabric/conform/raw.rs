@@ -35,7 +35,9 @@ impl Raw {
         for e in events.drain(..) {
             match e {
                 // SAFETY: every context is an Op of this module, alive until its completion.
-                Event::Done { context, len, .. } => unsafe { &*context.cast::<Op>() }.complete(len),
+                Event::Done {
+                    context, len, tag, ..
+                } => unsafe { &*context.cast::<Op>() }.complete(len, tag),
                 // SAFETY: as above.
                 Event::Failed(f) => unsafe { &*f.context.cast::<Op>() }.fail(f),
             }
