@@ -623,9 +623,11 @@ impl Request {
                 Outcome::Done(bytes) => sizes.bytes[i] = bytes,
                 Outcome::Failed(op) => {
                     p.let_go(comm);
+                    self.settle_all(comm);
                     return Err(self.failure(comm, p, op));
                 }
                 Outcome::Longer(sent) => {
+                    self.settle_all(comm);
                     self.release();
                     return Err(Error::Truncated {
                         posted: p.posted.load(Ordering::Relaxed),
@@ -635,6 +637,7 @@ impl Request {
                 }
                 Outcome::Malformed(why) => {
                     p.let_go(comm);
+                    self.settle_all(comm);
                     self.release();
                     comm.failed.store(true, Ordering::Release);
                     return Err(Error::Remote(format!(
@@ -651,6 +654,22 @@ impl Request {
         }
         self.release();
         Ok(Some(sizes))
+    }
+
+    /// Before a request is given back with an error: the other buffers whose first piece
+    /// arrived have their unused pieces cancelled (or drained) now, as their `test` would
+    /// have; those still waiting for their message keep their receives until it comes.
+    fn settle_all(&self, comm: &Comm) {
+        for p in self.parts_in_use() {
+            if comm.dir == Direction::Recv && !p.more.is_empty() {
+                if let Status::Done(_) = p.op.status() {
+                    if !p.settled.swap(true, Ordering::AcqRel) {
+                        let count = comm.lane.tags.pieces_of(p.op.tag());
+                        p.settle(comm, count, p.receive_pieces(comm));
+                    }
+                }
+            }
+        }
     }
 
     /// The error of a failed operation of a buffer. The request is given back; operations
@@ -756,14 +775,32 @@ impl Part {
             });
         }
         // A receive on a comm that splits long messages: the first piece says how many.
-        let first = match self.op.status() {
-            Status::Done(len) => len,
-            Status::Failed => return Outcome::Failed(&self.op),
-            _ => return Outcome::Busy,
-        };
         let count = comm.lane.tags.pieces_of(self.op.tag());
         // The receive's own pieces (`used` grows by the drains).
-        let posted = pieces(self.posted.load(Ordering::Relaxed), comm.piece);
+        let posted = self.receive_pieces(comm);
+        let first = match self.op.status() {
+            Status::Done(len) => len,
+            Status::Failed => {
+                // A first piece longer than the whole receive: the pieces after it are
+                // drained before the truncation is reported, so that none is left behind.
+                let truncated = self
+                    .op
+                    .failure()
+                    .filter(|f| f.err.unsigned_abs() == sys::FI_ETRUNC);
+                let Some(f) = truncated.filter(|_| count > 1) else {
+                    return Outcome::Failed(&self.op);
+                };
+                if !self.settled.swap(true, Ordering::AcqRel) {
+                    self.settle(comm, count, posted);
+                }
+                if !self.ops().all(|o| o.status().finished()) {
+                    return Outcome::Busy;
+                }
+                let first = self.posted.load(Ordering::Relaxed) + f.olen;
+                return Outcome::Longer(first + self.later_bytes(comm, posted));
+            }
+            _ => return Outcome::Busy,
+        };
         if count > 1 && first != comm.piece {
             return Outcome::Malformed(format!(
                 "its first piece has {first} bytes, not the {} agreed",
@@ -778,12 +815,7 @@ impl Part {
             return Outcome::Busy;
         }
         if count > posted {
-            // The drains' failures hold their pieces' lengths.
-            let later = self.more[..used - 1].iter().map(|o| match o.status() {
-                Status::Done(len) => len,
-                _ => o.failure().map_or(0, |f| f.olen),
-            });
-            return Outcome::Longer(first + later.sum::<usize>());
+            return Outcome::Longer(first + self.later_bytes(comm, posted));
         }
         // Pieces beyond the message's were cancelled: their outcome does not count.
         let mut bytes = first;
@@ -794,6 +826,31 @@ impl Part {
             }
         }
         Outcome::Done(bytes)
+    }
+
+    /// How many pieces this buffer's receive posted.
+    fn receive_pieces(&self, comm: &Comm) -> usize {
+        pieces(self.posted.load(Ordering::Relaxed), comm.piece)
+    }
+
+    /// The bytes the later pieces of a message longer than the receive carried: what each
+    /// received, and what each truncated one (a drain receives nothing) did not.
+    fn later_bytes(&self, comm: &Comm, posted: usize) -> usize {
+        let len = self.posted.load(Ordering::Relaxed);
+        self.ops()
+            .enumerate()
+            .skip(1)
+            .map(|(j, o)| match o.status() {
+                Status::Done(got) => got,
+                _ => {
+                    let room = match j < posted {
+                        true => span(len, comm.piece, posted, j).1,
+                        false => 0,
+                    };
+                    room + o.failure().map_or(0, |f| f.olen)
+                }
+            })
+            .sum()
     }
 
     /// Once the first piece arrived: cancels the receives of pieces the message does not

@@ -632,9 +632,10 @@ impl Driver {
             Event::Done { len, tag, .. } => match entry.posted {
                 Some(posted) if len > posted => {
                     crate::overflow::release(len - posted);
-                    op.fail_with(
+                    op.fail_tagged(
                         sys::FI_ETRUNC as i32,
                         len - posted,
+                        tag,
                         "message longer than the receive".into(),
                     );
                 }
@@ -738,7 +739,7 @@ impl Driver {
                 s.expiring |= s.posted_at.elapsed() > SINK_LIFETIME;
                 if status == Status::Posted && s.expiring && !s.cancelled {
                     s.cancelled = true;
-                    self.queue.cancel(s.op.op.context() as usize);
+                    let _ = self.queue.cancel(s.op.op.context() as usize);
                 }
                 return true;
             }
@@ -772,13 +773,21 @@ impl Driver {
         self.empty()
     }
 
-    /// Cancels what is still in flight or waiting (its owners are gone): all of it, or all
-    /// but the sinks, which go on taking in stragglers, so that a peer's sends to closed
-    /// comms finish rather than being dropped with the endpoint (2.1 tcp;ofi_rxm cannot
-    /// close a domain whose endpoint closed with unfinished sends).
+    /// See [`Command::Cancel`].
     fn cancel(&mut self, context: usize) {
         if self.in_flight.contains_key(&context) {
-            return self.queue.cancel(context);
+            // An answer other than 0 is normal for a receive that completed meanwhile (its
+            // entry not yet read); a provider that cannot cancel leaves the request waiting,
+            // which the stall WARN then names (pieces are offered only where cancels work,
+            // see `quirks::pieces_pay`).
+            let r = self.queue.cancel(context);
+            if r != 0 {
+                tracing::debug!(
+                    "{}: fi_cancel of a piece's receive answered {r}",
+                    self.label
+                );
+            }
+            return;
         }
         self.waiting.retain(|p| {
             // SAFETY: as in take_commands.
@@ -791,6 +800,10 @@ impl Driver {
         });
     }
 
+    /// Cancels what is still in flight or waiting (its owners are gone): all of it, or all
+    /// but the sinks, which go on taking in stragglers, so that a peer's sends to closed
+    /// comms finish rather than being dropped with the endpoint (2.1 tcp;ofi_rxm cannot
+    /// close a domain whose endpoint closed with unfinished sends).
     pub fn cancel_all(&mut self, sinks_too: bool) {
         if sinks_too {
             self.sinks.clear();
@@ -802,7 +815,7 @@ impl Driver {
             .map(|(&c, _)| c)
             .collect();
         for c in contexts {
-            self.queue.cancel(c);
+            let _ = self.queue.cancel(c);
         }
         self.waiting.retain(|p| {
             if !sinks_too && is_sink(&p.owner) {
@@ -874,6 +887,7 @@ mod tests {
             err: libc::ECONNRESET,
             prov_errno: 0,
             olen: 0,
+            tag: 0,
             text: String::new(),
         }));
         assert_eq!(
@@ -895,6 +909,7 @@ mod tests {
             err: libc::EIO,
             prov_errno: 0,
             olen: 0,
+            tag: 0,
             text: String::new(),
         }));
         assert!(d.turn().is_ok());

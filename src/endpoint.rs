@@ -69,6 +69,8 @@ pub struct Failure {
     pub err: i32,
     pub prov_errno: i32,
     pub olen: usize,
+    /// The message's tag, where the provider says (0 otherwise).
+    pub tag: u64,
     pub text: String,
 }
 
@@ -445,10 +447,12 @@ impl Queue {
 
     /// Asks the provider to cancel the posted operation whose context has this address (its
     /// completion then reports `FI_ECANCELED`, or it completes normally if it was done).
-    pub fn cancel(&mut self, context: usize) {
+    /// Returns `fi_cancel`'s answer (negative: the provider found nothing to cancel, or
+    /// cannot).
+    pub fn cancel(&mut self, context: usize) -> isize {
         // SAFETY: ep is open; cancel only compares the context with those of posted
         // operations and never dereferences one it does not know.
-        unsafe { sys::fi_cancel(self.ep.cast(), context as *mut c_void) };
+        unsafe { sys::fi_cancel(self.ep.cast(), context as *mut c_void) }
     }
 
     /// Drives progress and reads up to [`CQ_BATCH`] entries into `out`; returns how many.
@@ -516,6 +520,7 @@ impl Queue {
             err: err.err,
             prov_errno: err.prov_errno,
             olen: err.olen,
+            tag: err.tag,
             text,
         }));
         Ok(1)

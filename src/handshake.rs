@@ -295,11 +295,15 @@ pub fn piece_field(bytes: u64) -> Vec<u8> {
     bytes.to_le_bytes().to_vec()
 }
 
-/// The piece size two peers use: the smaller of what each offers, none if either offers none.
+/// Smallest piece size used: below it messages go whole (pieces of a few bytes only cost).
+pub const MIN_PIECE: u64 = 4096;
+
+/// The piece size two peers use: the smaller of what each offers, none if either offers
+/// none or less than [`MIN_PIECE`].
 pub fn agreed_piece(mine: u64, theirs: u64) -> u64 {
-    match (mine, theirs) {
-        (0, _) | (_, 0) => 0,
-        (a, b) => a.min(b),
+    match mine.min(theirs) {
+        p if p < MIN_PIECE => 0,
+        p => p,
     }
 }
 
@@ -416,6 +420,20 @@ impl Message {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn pieces_need_both_ends_and_a_sensible_size() {
+        assert_eq!(agreed_piece(1 << 20, 1 << 19), 1 << 19);
+        assert_eq!(agreed_piece(1 << 20, 0), 0);
+        assert_eq!(agreed_piece(0, 1 << 20), 0);
+        assert_eq!(
+            agreed_piece(1 << 20, 1),
+            0,
+            "pieces of a byte are not worth it"
+        );
+        assert_eq!(agreed_piece(1 << 20, u64::MAX), 1 << 20);
+        assert_eq!(agreed_piece(MIN_PIECE, MIN_PIECE), MIN_PIECE);
+    }
 
     fn sample() -> Handle {
         Handle {

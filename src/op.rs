@@ -82,6 +82,7 @@ impl Op {
     /// Handed to a driver.
     pub fn mark_queued(&self) {
         *self.failure.lock() = None;
+        self.tag.store(0, Ordering::Relaxed);
         self.state.store(QUEUED, Ordering::Release);
     }
     /// Taken by the provider (the driver's call).
@@ -102,22 +103,29 @@ impl Op {
         self.tag.store(tag, Ordering::Relaxed);
         self.state.store(DONE, Ordering::Release);
     }
-    /// The tag of a [`Status::Done`] operation's message (as the provider reported it).
+    /// The tag of a finished operation's message, as the provider reported it (0 for a
+    /// failure that did not say).
     pub fn tag(&self) -> u64 {
         self.tag.load(Ordering::Relaxed)
     }
     /// Records a failure.
     pub fn fail(&self, f: Failure) {
+        self.tag.store(f.tag, Ordering::Relaxed);
         *self.failure.lock() = Some(f);
         self.state.store(FAILED, Ordering::Release);
     }
     /// Records a failure the plugin itself found (no completion entry behind it).
     pub fn fail_with(&self, err: i32, olen: usize, text: String) {
+        self.fail_tagged(err, olen, 0, text);
+    }
+    /// As [`Op::fail_with`], for a message whose tag is known.
+    pub fn fail_tagged(&self, err: i32, olen: usize, tag: u64, text: String) {
         self.fail(Failure {
             context: self.context(),
             err,
             prov_errno: 0,
             olen,
+            tag,
             text,
         });
     }

@@ -91,9 +91,13 @@ pub fn local_only(provider: &str) -> bool {
     matches!(provider, "shm" | "sm2")
 }
 
-/// Whether long messages go in pieces over this provider (see the module notes).
+/// Whether long messages go in pieces over this provider: network providers whose cancels
+/// of posted receives were seen to complete (rxm and rxd over anything, tcp, sockets, net,
+/// ucx); not shared memory (see the module notes).
 pub fn pieces_pay(provider: &str) -> bool {
-    !local_only(provider)
+    provider.contains("ofi_rxm")
+        || provider.contains("ofi_rxd")
+        || matches!(provider, "tcp" | "sockets" | "net" | "ucx")
 }
 
 /// The speed to announce for a provider that reports no link speed and has no network

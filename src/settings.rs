@@ -153,8 +153,8 @@ pub const TABLE: &[Setting] = &[
         meaning: "a message longer than this is sent as up to 4 pieces of this size (the last \
                   takes the rest), all in flight at once, so that the provider's rendezvous \
                   and the data of one piece overlap the others'; the peers use the smaller of \
-                  their values, and 0 at either end sends whole messages (as comms over \
-                  shared memory always do). NCCL's default buffers make transfers of 1 MiB, \
+                  their values, and 0 (or under 4096) at either end sends whole messages (as \
+                  comms over shared memory always do). NCCL's default buffers make transfers of 1 MiB, \
                   which go whole",
     },
     Setting {

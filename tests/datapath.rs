@@ -546,22 +546,27 @@ fn pieces_one_way(lib: &PluginLib, comm: Ptr, send: bool, until: Instant) {
             );
         }
     }
-    // A message in 4 pieces into a receive of 2: an error for the receive alone; the
-    // sender's request ends, and the comm carries on.
-    let (long, short) = (4 * PIECE + 100, 2 * PIECE);
-    let mut b = if send {
-        pattern(99, long)
-    } else {
-        vec![0u8; short]
-    };
-    // SAFETY: b outlives the request, waited for right away.
-    let got = lib.wait(
-        unsafe { post_case(lib, comm, send, &mut b, long, until) },
-        until,
-    );
-    match send {
-        true => assert_eq!(got.expect("the long send ends") as usize, long),
-        false => println!("RESULT truncated={}", got.expect_err("too long").code),
+    // A message in 4 pieces into a receive of 2, then one into a receive shorter than a
+    // piece: an error for the receive alone; the sender's request ends, and the comm
+    // carries on.
+    for (long, short, key) in [
+        (4 * PIECE + 100, 2 * PIECE, "truncated"),
+        (4 * PIECE + 200, 1000, "truncated_first"),
+    ] {
+        let mut b = if send {
+            pattern(99, long)
+        } else {
+            vec![0u8; short]
+        };
+        // SAFETY: b outlives the request, waited for right away.
+        let got = lib.wait(
+            unsafe { post_case(lib, comm, send, &mut b, long, until) },
+            until,
+        );
+        match send {
+            true => assert_eq!(got.expect("the long send ends") as usize, long),
+            false => println!("RESULT {key}={}", got.expect_err("too long").code),
+        }
     }
     let (len, i) = (3 * PIECE + 5, 100);
     let mut b = if send {
@@ -626,18 +631,22 @@ fn pieces_between(env: &[(String, String)], pieces: [&str; 2], what: &str) -> [S
             f.stdout,
             f.stderr
         );
-        assert_eq!(
-            f.result("truncated"),
-            Some((NcclResult::InternalError as i32).to_string()),
-            "rank {k} over {what}: {}",
-            f.stderr
-        );
-        assert!(
-            f.stderr.contains("receive of 8192 bytes")
-                && f.stderr.contains("16484 bytes were sent"),
-            "rank {k} over {what}: the WARN names both sizes: {}",
-            f.stderr
-        );
+        for key in ["truncated", "truncated_first"] {
+            assert_eq!(
+                f.result(key),
+                Some((NcclResult::InternalError as i32).to_string()),
+                "rank {k} over {what}: {key}: {}",
+                f.stderr
+            );
+        }
+        for (posted, sent) in [(8192, 16484), (1000, 16584)] {
+            assert!(
+                f.stderr.contains(&format!("receive of {posted} bytes"))
+                    && f.stderr.contains(&format!("{sent} bytes were sent")),
+                "rank {k} over {what}: the WARN names both sizes ({posted}, {sent}): {}",
+                f.stderr
+            );
+        }
     }
     [done[0].stderr.clone(), done[1].stderr.clone()]
 }
