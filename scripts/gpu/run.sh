@@ -1030,6 +1030,11 @@ stage_fabtests() {
   local ft=$work/fabtests
   if [ -x "$ft/bin/fi_rdm_tagged_bw" ]; then return 0; fi
   local src=$work/fabtests-src
+  # A libfabric unpacked from an older builds.tar.xz has no headers: build it here first.
+  if [ ! -f "$lf/include/rdma/fabric.h" ]; then
+    rm -rf "$lf"
+    stage_libfabric || return 1
+  fi
   rm -rf "$src"; mkdir -p "$src"
   tar -xJf "$LIBFABRIC_TARBALL" -C "$src" --strip-components=1 || return 1
   [ -x "$src/fabtests/configure" ] || { log "no configure in fabtests (run scripts/gpu/prepare.sh again)"; return 1; }
@@ -1119,7 +1124,7 @@ stage_pingpong() {
 }
 
 stage_pack() {
-  tar -cJf "$OUT/builds.tar.xz" -C "$work" libfabric-cuda/lib libfabric-cuda/bin \
+  tar -cJf "$OUT/builds.tar.xz" -C "$work" libfabric-cuda/lib libfabric-cuda/bin libfabric-cuda/include \
     nccl-tests/{all_reduce,sendrecv,alltoall}_perf nccl-tests-mpi/{all_reduce,sendrecv,alltoall}_perf 2>/dev/null
   log "packed $(du -h "$OUT/builds.tar.xz" | cut -f1)"
 }
