@@ -548,11 +548,16 @@ fn pieces_one_way(lib: &PluginLib, comm: Ptr, send: bool, until: Instant) {
     }
     // A message in 4 pieces into a receive of 2, then one into a receive shorter than a
     // piece: an error for the receive alone; the sender's request ends, and the comm
-    // carries on.
-    for (long, short, key) in [
-        (4 * PIECE + 100, 2 * PIECE, "truncated"),
-        (4 * PIECE + 200, 1000, "truncated_first"),
-    ] {
+    // carries on. Not over native tcp, which may report such a receive complete with its own
+    // length (quirks: truncation on native tcp).
+    let truncations = match std::env::var("NFAB_NO_TRUNCATION") {
+        Ok(_) => vec![],
+        Err(_) => vec![
+            (4 * PIECE + 100, 2 * PIECE, "truncated"),
+            (4 * PIECE + 200, 1000, "truncated_first"),
+        ],
+    };
+    for (long, short, key) in truncations {
         let mut b = if send {
             pattern(99, long)
         } else {
@@ -605,6 +610,9 @@ fn child_pieces_rank() {
 /// Two ranks with these piece sizes, each sending the piece script to the other; what both
 /// logged about their comms.
 fn pieces_between(env: &[(String, String)], pieces: [&str; 2], what: &str) -> [String; 2] {
+    let native_tcp = env
+        .iter()
+        .any(|(k, v)| k == "NCCL_FABRIC_PROVIDER" && v == "tcp");
     let mut ranks: Vec<ChildTest> = pieces
         .iter()
         .enumerate()
@@ -615,6 +623,9 @@ fn pieces_between(env: &[(String, String)], pieces: [&str; 2], what: &str) -> [S
             env.push(("NCCL_DEBUG".into(), "TRACE".into()));
             if k == 1 {
                 env.push(("NFAB_ACCEPT_FIRST".into(), "1".into()));
+            }
+            if native_tcp {
+                env.push(("NFAB_NO_TRUNCATION".into(), "1".into()));
             }
             spawn_child("child_pieces_rank", &env, child_timeout())
         })
@@ -631,6 +642,9 @@ fn pieces_between(env: &[(String, String)], pieces: [&str; 2], what: &str) -> [S
             f.stdout,
             f.stderr
         );
+        if native_tcp {
+            continue;
+        }
         for key in ["truncated", "truncated_first"] {
             assert_eq!(
                 f.result(key),
