@@ -84,7 +84,7 @@ pub fn listen(
 
 /// The piece size this end offers for comms on `lane` (see `comm`).
 fn offered_piece(plugin: &Plugin, lane: &Lane) -> u64 {
-    match crate::quirks::pieces_pay(&lane.endpoint.provider) {
+    match crate::quirks::pieces_pay(&lane.endpoint.provider, crate::fabric::runtime_version()) {
         true => plugin.settings.piece_bytes,
         false => 0,
     }

@@ -154,7 +154,7 @@ pub const TABLE: &[Setting] = &[
                   takes the rest), all in flight at once, so that the provider's rendezvous \
                   and the data of one piece overlap the others'; the peers use the smaller of \
                   their values, and 0 (or under 4096) at either end sends whole messages (as \
-                  comms over shared memory always do). NCCL's default buffers make transfers of 1 MiB, \
+                  comms over shared memory, and over rxm before libfabric 2.1, always do). NCCL's default buffers make transfers of 1 MiB, \
                   which go whole",
     },
     Setting {
