@@ -209,6 +209,10 @@ impl Comm {
             piece,
         } = terms;
         let max_recvs = max_recvs.clamp(1, MAX_RECVS);
+        let later_pieces = match piece {
+            0 => 0,
+            _ => MAX_PIECES - 1,
+        };
         let (count, parts) = match dir {
             Direction::Send => (REQUESTS_PER_COMM * max_recvs, 1),
             Direction::Recv => (REQUESTS_PER_COMM, max_recvs),
@@ -223,12 +227,7 @@ impl Comm {
                 parts: (0..parts)
                     .map(|_| Part {
                         op: Op::default(),
-                        more: (1..match piece {
-                            0 => 1,
-                            _ => MAX_PIECES,
-                        })
-                            .map(|_| Op::default())
-                            .collect(),
+                        more: (0..later_pieces).map(|_| Op::default()).collect(),
                         used: AtomicUsize::new(1),
                         settled: AtomicBool::new(false),
                         posted: AtomicUsize::new(0),
@@ -386,29 +385,24 @@ impl Comm {
                     dest: self.peer.addr,
                     tag,
                 },
-                // The first receive takes the whole buffer (a whole message, or a first
-                // piece whatever the count its tag says); later ones their piece.
-                Direction::Recv if j == 0 => Transfer::Recv {
-                    buf: b.data,
-                    len: b.len,
-                    desc: b.desc,
-                    src: self.lane.source(self.peer.addr),
-                    tag,
-                    ignore: match self.piece {
-                        0 => 0,
-                        _ => self.lane.tags.first_piece_ignores(),
-                    },
-                    overflow: b.host,
-                },
-                Direction::Recv => Transfer::Recv {
-                    buf: at,
-                    len,
-                    desc: b.desc,
-                    src: self.lane.source(self.peer.addr),
-                    tag,
-                    ignore: 0,
-                    overflow: b.host,
-                },
+                Direction::Recv => {
+                    // The first receive takes the whole buffer (a whole message, or a first
+                    // piece whatever the count its tag says); later ones their piece.
+                    let (buf, len, ignore) = match (j, self.piece) {
+                        (0, 0) => (b.data, b.len, 0),
+                        (0, _) => (b.data, b.len, self.lane.tags.first_piece_ignores()),
+                        _ => (at, len, 0),
+                    };
+                    Transfer::Recv {
+                        buf,
+                        len,
+                        desc: b.desc,
+                        src: self.lane.source(self.peer.addr),
+                        tag,
+                        ignore,
+                        overflow: b.host,
+                    }
+                }
             };
             Post {
                 op: part.op_of(j),
@@ -661,13 +655,11 @@ impl Request {
     /// have; those still waiting for their message keep their receives until it comes.
     fn settle_all(&self, comm: &Comm) {
         for p in self.parts_in_use() {
-            if comm.dir == Direction::Recv && !p.more.is_empty() {
-                if let Status::Done(_) = p.op.status() {
-                    if !p.settled.swap(true, Ordering::AcqRel) {
-                        let count = comm.lane.tags.pieces_of(p.op.tag());
-                        p.settle(comm, count, p.receive_pieces(comm));
-                    }
-                }
+            if comm.dir == Direction::Recv
+                && !p.more.is_empty()
+                && matches!(p.op.status(), Status::Done(_))
+            {
+                p.settle_once(comm);
             }
         }
     }
@@ -790,9 +782,7 @@ impl Part {
                 let Some(f) = truncated.filter(|_| count > 1) else {
                     return Outcome::Failed(&self.op);
                 };
-                if !self.settled.swap(true, Ordering::AcqRel) {
-                    self.settle(comm, count, posted);
-                }
+                self.settle_once(comm);
                 if !self.ops().all(|o| o.status().finished()) {
                     return Outcome::Busy;
                 }
@@ -807,19 +797,17 @@ impl Part {
                 comm.piece
             ));
         }
-        if !self.settled.swap(true, Ordering::AcqRel) {
-            self.settle(comm, count, posted);
-        }
-        let used = self.ops().count();
+        self.settle_once(comm);
         if !self.ops().all(|o| o.status().finished()) {
             return Outcome::Busy;
         }
         if count > posted {
             return Outcome::Longer(first + self.later_bytes(comm, posted));
         }
-        // Pieces beyond the message's were cancelled: their outcome does not count.
+        // Pieces beyond the message's were cancelled: their outcome does not count (and
+        // count <= posted: the message's pieces are all of this receive's).
         let mut bytes = first;
-        for op in self.more[..used - 1].iter().take(count - 1) {
+        for op in &self.more[..count - 1] {
             match op.status() {
                 Status::Done(len) => bytes += len,
                 _ => return Outcome::Failed(op),
@@ -853,10 +841,16 @@ impl Part {
             .sum()
     }
 
-    /// Once the first piece arrived: cancels the receives of pieces the message does not
-    /// have, or takes the pieces of a message longer than the buffer into the overflow area.
-    /// (An error here is the endpoint's, which the next `test` reports.)
-    fn settle(&self, comm: &Comm, count: usize, posted: usize) {
+    /// Once the first piece arrived (or failed as longer than the receive): cancels the
+    /// receives of pieces the message does not have, or takes the pieces of a message longer
+    /// than the buffer into the overflow area; once per request. (An error here is the
+    /// endpoint's, which the next `test` reports.)
+    fn settle_once(&self, comm: &Comm) {
+        if self.settled.swap(true, Ordering::AcqRel) {
+            return;
+        }
+        let count = comm.lane.tags.pieces_of(self.op.tag());
+        let posted = self.receive_pieces(comm);
         for j in count..posted {
             let _ = comm.lane.cancel(self.op_of(j));
         }
