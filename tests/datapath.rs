@@ -613,7 +613,7 @@ fn pieces_between(env: &[(String, String)], pieces: [&str; 2], what: &str) -> [S
     let native_tcp = env
         .iter()
         .any(|(k, v)| k == "NCCL_FABRIC_PROVIDER" && v == "tcp");
-    let mut ranks: Vec<ChildTest> = pieces
+    let envs: Vec<Vec<(String, String)>> = pieces
         .iter()
         .enumerate()
         .map(|(k, bytes)| {
@@ -627,14 +627,11 @@ fn pieces_between(env: &[(String, String)], pieces: [&str; 2], what: &str) -> [S
             if native_tcp {
                 env.push(("NFAB_NO_TRUNCATION".into(), "1".into()));
             }
-            spawn_child("child_pieces_rank", &env, child_timeout())
+            env
         })
         .collect();
-    let ha = ranks[0].read_result("handle");
-    let hb = ranks[1].read_result("handle");
-    ranks[0].send_line(&hb);
-    ranks[1].send_line(&ha);
-    let done: Vec<common::Finished> = ranks.into_iter().map(ChildTest::finish).collect();
+    let (a, b) = process_pair_apart("child_pieces_rank", [&envs[0], &envs[1]]);
+    let done = [a.finish(), b.finish()];
     for (k, f) in done.iter().enumerate() {
         assert!(
             f.success && f.result("ok").is_some(),
@@ -702,8 +699,13 @@ fn long_messages_go_in_pieces_both_ends_agree_on() {
 
 /// Starts two rank processes and hands each the other's handle.
 fn process_pair(child: &str, env: &[(String, String)]) -> (ChildTest, ChildTest) {
-    let mut a = spawn_child(child, env, child_timeout());
-    let mut b = spawn_child(child, env, child_timeout());
+    process_pair_apart(child, [env, env])
+}
+
+/// As [`process_pair`], each rank with its own environment.
+fn process_pair_apart(child: &str, envs: [&[(String, String)]; 2]) -> (ChildTest, ChildTest) {
+    let mut a = spawn_child(child, envs[0], child_timeout());
+    let mut b = spawn_child(child, envs[1], child_timeout());
     let ha = a.read_result("handle");
     let hb = b.read_result("handle");
     a.send_line(&hb);
