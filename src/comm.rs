@@ -14,7 +14,10 @@
 //! one for each later piece at its offset. The first piece's tag says how many pieces
 //! follow (see `tags`); later pieces the message does not have are cancelled, and pieces of
 //! a message longer than the buffer are taken in by empty receives (into the overflow area),
-//! so that neither side waits on them.
+//! so that neither side waits on them. A comm may move its pieces over several lanes (its
+//! legs, chosen at connect): piece `j` goes on leg `j mod legs`, each leg its own connection
+//! and driver, with the comm id the receiving lane of that leg chose; the first piece (and
+//! any whole message) always goes on the first leg.
 //!
 //! A request is a slot of the comm, aligned to 64 bytes; the pointer NCCL gets carries the
 //! slot's generation (see `opaque::request`), so a request already reported done is refused.
@@ -26,7 +29,7 @@ use crate::control::{now_ms, Peer};
 use crate::driver::{owner_key, Owner, Post, SinkSpec, Transfer};
 use crate::error::{Error, Result};
 use crate::handshake::Identity;
-use crate::lane::Lane;
+use crate::lane::{IdLease, Lane};
 use crate::op::{Op, Status};
 use crate::opaque::{self, request};
 use crate::sys;
@@ -49,14 +52,20 @@ pub const MAX_RECVS: usize = 8;
 pub struct Buffer {
     pub data: *mut c_void,
     pub len: usize,
-    /// The registration's descriptor, or NULL.
-    pub desc: *mut c_void,
+    /// The registration's descriptor on each of the comm's legs, or NULLs.
+    pub descs: Descs,
     /// Host memory (a receive into GPU memory gets no overflow area: providers may take
     /// every piece of a receive to be of the first piece's kind).
     pub host: bool,
     /// NCCL's tag: which send a buffer of a grouped receive takes.
     pub tag: i32,
 }
+
+/// A registration's descriptor per leg of its comm (see [`Leg`]).
+pub type Descs = [*mut c_void; MAX_PIECES];
+
+/// No registration.
+pub const NO_DESCS: Descs = [std::ptr::null_mut(); MAX_PIECES];
 
 const REQUEST_MAGIC: u64 = 0x4e46_4142_5245_5132; // "NFABREQ2"
 
@@ -68,8 +77,6 @@ pub enum Direction {
 
 /// The other end of a comm.
 pub struct PeerInfo {
-    /// The peer's data endpoint in this lane's address vector.
-    pub addr: sys::fi_addr_t,
     pub who: Identity,
     /// Its process's liveness.
     pub liveness: Arc<Peer>,
@@ -78,8 +85,39 @@ pub struct PeerInfo {
 /// A comm's id in its pair's data tags: chosen by the receiving lane (and held there while
 /// anything of the comm may still match), or given by the peer that chose it.
 pub enum CommId {
-    Leased(Arc<crate::lane::IdLease>),
+    Leased(Arc<IdLease>),
     Peer(u64),
+}
+
+/// One lane a comm moves messages on (its first, or one its pieces spread over).
+pub struct Leg {
+    pub lane: Arc<Lane>,
+    /// The peer's endpoint of this leg, in the lane's address vector.
+    pub addr: sys::fi_addr_t,
+    /// The comm's id in this leg's data tags (chosen by the receiving lane).
+    id: u64,
+    /// The receiving lane's hold on `id`.
+    lease: Option<Arc<IdLease>>,
+}
+
+impl Leg {
+    pub fn new(lane: Arc<Lane>, addr: sys::fi_addr_t, id: CommId) -> Leg {
+        let (id, lease) = match id {
+            CommId::Leased(l) => (l.id, Some(l)),
+            CommId::Peer(id) => (id, None),
+        };
+        Leg {
+            lane,
+            addr,
+            id,
+            lease,
+        }
+    }
+
+    /// Where a receive on this leg takes messages from.
+    fn source(&self) -> sys::fi_addr_t {
+        self.lane.source(self.addr)
+    }
 }
 
 /// A send or receive comm.
@@ -87,11 +125,8 @@ pub struct Comm {
     pub dir: Direction,
     /// The NCCL device it is on.
     pub dev: usize,
-    pub lane: Arc<Lane>,
-    /// The comm id in this pair's data tags (chosen by the receiving lane).
-    id: u64,
-    /// The receiving lane's hold on `id`.
-    lease: Option<Arc<crate::lane::IdLease>>,
+    /// Its lanes: the first carries whole messages and first pieces (at least one).
+    legs: Box<[Leg]>,
     pub peer: PeerInfo,
     me: Identity,
     /// Messages longer than this go in pieces of it (0: whole).
@@ -107,7 +142,7 @@ pub struct Comm {
     closed: AtomicBool,
     /// A request of it failed for a reason of the peer or the connection.
     failed: AtomicBool,
-    /// The lane's count of errors without an operation, as this comm last saw it.
+    /// The legs' count of errors without an operation, as this comm last saw it.
     stray_seen: AtomicU64,
     /// Since when (ms) the provider has refused this comm's posts, 0 if it took the last one:
     /// a peer that stops taking messages is watched like one that stops answering them.
@@ -195,14 +230,15 @@ pub struct Terms {
 }
 
 impl Comm {
+    /// A comm on `legs` (at least one; the first is its own lane).
     pub fn new(
         dir: Direction,
         dev: usize,
-        lane: Arc<Lane>,
-        id: CommId,
+        legs: Vec<Leg>,
         peer: PeerInfo,
         terms: Terms,
     ) -> Arc<Self> {
+        assert!(!legs.is_empty() && legs.len() <= MAX_PIECES, "1 to 4 legs");
         let Terms {
             stall_warn,
             max_recvs,
@@ -238,18 +274,13 @@ impl Comm {
                 stall_reported: AtomicBool::new(false),
             })
             .collect();
-        let stray_seen = AtomicU64::new(lane.health().stray_errors());
-        let (id, lease) = match id {
-            CommId::Leased(l) => (l.id, Some(l)),
-            CommId::Peer(id) => (id, None),
-        };
+        let legs: Box<[Leg]> = legs.into();
+        let stray_seen = AtomicU64::new(stray_errors(&legs));
         let comm = Arc::new_cyclic(|this| Comm {
             this: this.clone(),
             dir,
             dev,
-            lane,
-            id,
-            lease,
+            legs,
             peer,
             piece,
             me: Identity::current(),
@@ -279,10 +310,51 @@ impl Comm {
 
     /// How it sends long messages, for log lines.
     pub fn pieces_text(&self) -> String {
-        match self.piece {
-            0 => "whole messages".into(),
-            p => format!("messages over {p} bytes in up to {MAX_PIECES} pieces"),
+        match (self.piece, self.legs.len()) {
+            (0, _) => "whole messages".into(),
+            (p, 1) => format!("messages over {p} bytes in up to {MAX_PIECES} pieces"),
+            (p, n) => format!(
+                "messages over {p} bytes in up to {MAX_PIECES} pieces, spread over {n} lanes"
+            ),
         }
+    }
+
+    /// Its own lane: whole messages and first pieces go there.
+    pub fn lane(&self) -> &Arc<Lane> {
+        &self.legs[0].lane
+    }
+
+    /// Its lanes.
+    pub fn legs(&self) -> &[Leg] {
+        &self.legs
+    }
+
+    /// Which leg piece `j` of a message travels on.
+    fn leg_of(&self, j: usize) -> usize {
+        j % self.legs.len()
+    }
+
+    fn leg(&self, j: usize) -> &Leg {
+        &self.legs[self.leg_of(j)]
+    }
+
+    /// The tag of piece `j` of `count` of the message whose first leg's tag is `tag`.
+    fn piece_tag(&self, tag: u64, j: usize, count: usize) -> u64 {
+        let first = self.lane().tags.piece(tag, j, count);
+        match self.leg_of(j) {
+            0 => first,
+            k => self.legs[k].lane.tags.with_id(first, self.legs[k].id),
+        }
+    }
+
+    /// Errors of its legs' endpoints themselves.
+    fn health_check(&self) -> Result<()> {
+        self.legs.iter().try_for_each(|l| l.lane.health().check())
+    }
+
+    /// A driver's turn on each leg (see [`Lane::drive`]).
+    fn drive(&self) -> Result<()> {
+        self.legs.iter().try_for_each(|l| l.lane.drive())
     }
 
     /// This comm as the owner of an operation (it lives while NCCL holds a request of it).
@@ -339,7 +411,7 @@ impl Comm {
         if let Some(why) = self.peer.liveness.dead() {
             return Err(self.peer_lost(why));
         }
-        self.lane.health().check()?;
+        self.health_check()?;
         let Some(req) = self.claim() else {
             return Ok(None);
         };
@@ -354,7 +426,7 @@ impl Comm {
         let mut taken = [(0u64, 0u64); MAX_RECVS];
         let mut keys = 0;
         for (i, b) in bufs.iter().enumerate() {
-            let key = self.lane.tags.nccl_tag(b.tag);
+            let key = self.lane().tags.nccl_tag(b.tag);
             let seq = match taken[..keys].iter_mut().find(|(k, _)| *k == key) {
                 Some((_, s)) => {
                     *s += 1;
@@ -367,22 +439,23 @@ impl Comm {
                     s
                 }
             };
-            tags[i] = self.lane.tags.data(self.id, key, seq);
+            tags[i] = self.lane().tags.data(self.legs[0].id, key, seq);
         }
         // Piece `j` of buffer `i`.
         let post_of = |i: usize, j: usize| {
             let (b, part) = (&bufs[i], &req.parts[i]);
             let count = pieces(b.len, self.piece);
             let (off, len) = span(b.len, self.piece, count, j);
-            let tag = self.lane.tags.piece(tags[i], j, count);
+            let tag = self.piece_tag(tags[i], j, count);
+            let (leg, desc) = (self.leg(j), b.descs[self.leg_of(j)]);
             // SAFETY: `off` lies within the buffer (see `span`).
             let at = unsafe { b.data.cast::<u8>().add(off) }.cast::<c_void>();
             let transfer = match self.dir {
                 Direction::Send => Transfer::Send {
                     buf: at,
                     len,
-                    desc: b.desc,
-                    dest: self.peer.addr,
+                    desc,
+                    dest: leg.addr,
                     tag,
                 },
                 Direction::Recv => {
@@ -390,14 +463,14 @@ impl Comm {
                     // piece whatever the count its tag says); later ones their piece.
                     let (buf, len, ignore) = match (j, self.piece) {
                         (0, 0) => (b.data, b.len, 0),
-                        (0, _) => (b.data, b.len, self.lane.tags.first_piece_ignores()),
+                        (0, _) => (b.data, b.len, self.lane().tags.first_piece_ignores()),
                         _ => (at, len, 0),
                     };
                     Transfer::Recv {
                         buf,
                         len,
-                        desc: b.desc,
-                        src: self.lane.source(self.peer.addr),
+                        desc,
+                        src: leg.source(),
                         tag,
                         ignore,
                         overflow: b.host,
@@ -422,14 +495,14 @@ impl Comm {
             part.settled.store(false, Ordering::Relaxed);
             (0..count).for_each(|j| part.op_of(j).mark_queued());
         }
-        match self.lane.submit(post_of(0, 0)) {
+        match self.lane().submit(post_of(0, 0)) {
             Ok(None) => {
                 for &(key, last) in &taken[..keys] {
                     seqs.insert(key, last.wrapping_add(1));
                 }
                 for (i, b) in bufs.iter().enumerate() {
                     for j in (i == 0) as usize..pieces(b.len, self.piece) {
-                        self.lane.enqueue(post_of(i, j))?;
+                        self.leg(j).lane.enqueue(post_of(i, j))?;
                     }
                 }
                 self.refused_since.store(0, Ordering::Relaxed);
@@ -442,7 +515,7 @@ impl Comm {
                 // that died with its queues full.
                 req.withdraw();
                 drop(seqs);
-                self.lane.drive_neighbours();
+                self.lane().drive_neighbours();
                 let now = now_ms();
                 let since = match self.refused_since.load(Ordering::Relaxed) {
                     0 => {
@@ -477,28 +550,31 @@ impl Comm {
         let owner: Owner = self.clone();
         let healthy =
             |c: &Comm| !c.failed.load(Ordering::Acquire) && c.peer.liveness.dead().is_none();
-        let sink = (self.dir == Direction::Recv && healthy(&self)).then(|| {
-            // The sink must not keep the comm (its requests) alive: a weak reference to
-            // see a failure while the comm still exists, then the peer's liveness alone.
-            let comm = Arc::downgrade(&self);
-            let peer = self.peer.liveness.clone();
-            // The id stays taken while the sink may match its messages.
-            let lease = self.lease.clone();
-            SinkSpec {
-                src: self.lane.source(self.peer.addr),
-                tag: self.lane.tags.data(self.id, 0, 0),
-                ignore: self.lane.tags.below_id(),
-                alive: Box::new(move || {
-                    let _held = &lease;
-                    peer.dead().is_none()
-                        && comm
-                            .upgrade()
-                            .map_or(true, |c| !c.failed.load(Ordering::Acquire))
-                }),
-            }
-        });
-        self.lane.retire_owner(owner_key(&owner), sink);
-        self.lane.release_user();
+        let sinks = self.dir == Direction::Recv && healthy(&self);
+        for leg in self.legs.iter() {
+            let sink = sinks.then(|| {
+                // The sink must not keep the comm (its requests) alive: a weak reference to
+                // see a failure while the comm still exists, then the peer's liveness alone.
+                let comm = Arc::downgrade(&self);
+                let peer = self.peer.liveness.clone();
+                // The id stays taken while the sink may match its messages.
+                let lease = leg.lease.clone();
+                SinkSpec {
+                    src: leg.source(),
+                    tag: leg.lane.tags.data(leg.id, 0, 0),
+                    ignore: leg.lane.tags.below_id(),
+                    alive: Box::new(move || {
+                        let _held = &lease;
+                        peer.dead().is_none()
+                            && comm
+                                .upgrade()
+                                .map_or(true, |c| !c.failed.load(Ordering::Acquire))
+                    }),
+                }
+            });
+            leg.lane.retire_owner(owner_key(&owner), sink);
+            leg.lane.release_user();
+        }
     }
 
     /// For a request still in the provider's hands: one stall WARN when it waited past
@@ -516,7 +592,7 @@ impl Comm {
                     r.bytes_posted(),
                     self.peer_text(),
                     waited.as_millis(),
-                    self.lane.endpoint.provider
+                    self.lane().endpoint.provider
                 );
             }
         }
@@ -526,13 +602,18 @@ impl Comm {
     /// Whether the peer lives, for something that has waited `waited` on it (probing it
     /// when that is long enough, or at once after an error of the endpoint itself).
     fn check_peer(&self, waited: Duration) -> Result<()> {
-        let stray = self.lane.health().stray_errors();
+        let stray = stray_errors(&self.legs);
         let urgent = self.stray_seen.swap(stray, Ordering::AcqRel) != stray;
         self.peer
             .liveness
             .watch(waited, urgent)
             .map_err(|why| self.peer_lost(&why))
     }
+}
+
+/// Errors without an operation that the legs' endpoints have seen.
+fn stray_errors(legs: &[Leg]) -> u64 {
+    legs.iter().map(|l| l.lane.health().stray_errors()).sum()
 }
 
 impl Request {
@@ -598,11 +679,11 @@ impl Request {
     pub fn test(&self) -> Result<Option<Sizes>> {
         let comm = self.comm();
         if !self.finished() {
-            comm.lane.drive()?;
-            if !comm.lane.threaded
+            comm.drive()?;
+            if !comm.lane().threaded
                 && now_ms().saturating_sub(self.posted_at_ms.load(Ordering::Relaxed)) >= 1
             {
-                comm.lane.drive_neighbours();
+                comm.lane().drive_neighbours();
             }
         }
         let parts = self.parts_in_use();
@@ -767,7 +848,7 @@ impl Part {
             });
         }
         // A receive on a comm that splits long messages: the first piece says how many.
-        let count = comm.lane.tags.pieces_of(self.op.tag());
+        let count = comm.lane().tags.pieces_of(self.op.tag());
         // The receive's own pieces (`used` grows by the drains).
         let posted = self.receive_pieces(comm);
         let first = match self.op.status() {
@@ -849,30 +930,31 @@ impl Part {
         if self.settled.swap(true, Ordering::AcqRel) {
             return;
         }
-        let count = comm.lane.tags.pieces_of(self.op.tag());
+        let count = comm.lane().tags.pieces_of(self.op.tag());
         let posted = self.receive_pieces(comm);
         for j in count..posted {
-            let _ = comm.lane.cancel(self.op_of(j));
+            let _ = comm.leg(j).lane.cancel(self.op_of(j));
         }
         // A drain is an empty receive: its piece goes to the overflow area, or, where the
         // endpoint has none, the provider reports it truncated.
         let (true, Some(owner)) = (count > posted, comm.owner()) else {
             return;
         };
-        let tag = comm.lane.tags.whole(self.op.tag());
+        let tag = comm.lane().tags.whole(self.op.tag());
         self.used.store(count, Ordering::Relaxed);
         for j in posted..count {
             let op = self.op_of(j);
             op.mark_queued();
-            let _ = comm.lane.enqueue(Post {
+            let leg = comm.leg(j);
+            let _ = leg.lane.enqueue(Post {
                 op,
                 owner: owner.clone(),
                 transfer: Transfer::Recv {
                     buf: std::ptr::null_mut(),
                     len: 0,
                     desc: std::ptr::null_mut(),
-                    src: comm.lane.source(comm.peer.addr),
-                    tag: comm.lane.tags.piece(tag, j, count),
+                    src: leg.source(),
+                    tag: comm.piece_tag(tag, j, count),
                     ignore: 0,
                     overflow: true,
                 },
@@ -883,9 +965,9 @@ impl Part {
     /// A failed receive gives up its later pieces (no message will fill them now).
     fn let_go(&self, comm: &Comm) {
         if comm.dir == Direction::Recv && !self.settled.swap(true, Ordering::AcqRel) {
-            for op in self.ops().skip(1) {
+            for (j, op) in self.ops().enumerate().skip(1) {
                 if !op.status().finished() {
-                    let _ = comm.lane.cancel(op);
+                    let _ = comm.leg(j).lane.cancel(op);
                 }
             }
         }

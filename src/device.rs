@@ -39,12 +39,14 @@ pub struct Properties {
 }
 
 /// A connect in progress (its steps are in `connection`). Dropping it gives back what it
-/// holds: its lane, and its place in the control endpoint's table of answers awaited.
+/// holds: its lanes, and its place in the control endpoint's table of answers awaited.
 pub struct Connecting {
     pub handle: Handle,
     /// Random: the id the listener's answer names.
     pub conn: u64,
-    pub lane: Option<Arc<Lane>>,
+    /// Its sending lanes once acquired: its own first, then those its pieces may spread
+    /// over.
+    pub lanes: Vec<Arc<Lane>>,
     pub control: Option<Arc<Control>>,
     pub slot: Arc<ConnectSlot>,
     /// When the CONNECT went out: the timeout counts from then (opening this side's
@@ -60,7 +62,7 @@ impl Drop for Connecting {
         if let Some(c) = &self.control {
             c.forget_connect(self.conn);
         }
-        if let Some(lane) = self.lane.take() {
+        for lane in self.lanes.drain(..) {
             lane.release_user();
         }
     }

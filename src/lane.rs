@@ -9,7 +9,9 @@
 //! Comms of a device share `NCCL_FABRIC_LANES` receiving and as many sending lanes, handed
 //! out in turn (receiving and sending apart, so two ranks of one process never send to their
 //! own endpoint, which some providers cannot), or get a lane each
-//! (`NCCL_FABRIC_ENDPOINTS=comm`). A lane counts its users (comms and registrations). When
+//! (`NCCL_FABRIC_ENDPOINTS=comm`). A comm that sends long messages in pieces also takes the
+//! lanes after its own (`NCCL_FABRIC_SPREAD`), so that its pieces move on several
+//! connections, each with its own driver. A lane counts its users (comms and registrations). When
 //! the last user of a shared lane goes, the lane stays in its slot for
 //! `NCCL_FABRIC_LANE_LINGER_MS`, so that the next communicator (NCCL makes and destroys
 //! them one after another) finds it open and connected; a lane of one comm waits as long
@@ -306,6 +308,8 @@ pub struct LaneConfig {
     pub expected_answer: Option<i32>,
     pub threaded: bool,
     pub lanes: usize,
+    /// Lanes one comm's pieces spread over, its own first (see [`LanePool::spread`]).
+    pub spread: usize,
     pub per_comm: bool,
     /// The device's name, for log lines.
     pub label: String,
@@ -380,6 +384,38 @@ impl LanePool {
         })
     }
 
+    /// Lanes one comm's pieces may spread over, its own first: the config's `spread`, never
+    /// more than the pool has per role (a lane per comm keeps to its own).
+    pub fn spread(&self) -> usize {
+        match self.config.per_comm {
+            true => 1,
+            false => {
+                (self.config.spread).clamp(1, self.config.lanes.clamp(1, crate::tags::MAX_PIECES))
+            }
+        }
+    }
+
+    /// Up to `n` lanes for a new comm: the one whose turn it is, then those after it in the
+    /// pool. Only the first must open; the comm goes without the others when they fail.
+    pub fn acquire_legs(self: &Arc<Self>, role: Role, n: usize) -> Result<Vec<Arc<Lane>>> {
+        let first = self.acquire(role)?;
+        let (Some(slot), n) = (first.slot, n.min(self.spread())) else {
+            return Ok(vec![first]);
+        };
+        let mut legs = vec![first];
+        for k in 1..n {
+            let index = (slot + k) % self.config.lanes.max(1);
+            match self.acquire_slot(role, index) {
+                Ok(lane) => legs.push(lane),
+                Err(e) => {
+                    tracing::debug!("a further lane for a comm could not open: {e}");
+                    break;
+                }
+            }
+        }
+        Ok(legs)
+    }
+
     /// A lane for a new comm, opened if its turn has none yet. The pool's lock is not held
     /// while the endpoint opens.
     pub fn acquire(self: &Arc<Self>, role: Role) -> Result<Arc<Lane>> {
@@ -402,12 +438,22 @@ impl LanePool {
             }
             return self.open(role, None);
         }
-        let mut retired = None;
         let index = {
             let mut slots = self.slots.lock();
             let (lanes, next) = &mut slots[role as usize];
             let index = *next % lanes.len();
             *next = next.wrapping_add(1);
+            index
+        };
+        self.acquire_slot(role, index)
+    }
+
+    /// The shared lane in slot `index`, opened if the slot has none (or a failed one).
+    fn acquire_slot(self: &Arc<Self>, role: Role, index: usize) -> Result<Arc<Lane>> {
+        let mut retired = None;
+        {
+            let mut slots = self.slots.lock();
+            let lanes = &mut slots[role as usize].0;
             if let Some(lane) = &lanes[index] {
                 if lane.health.broken().is_none() {
                     lane.users.fetch_add(1, Ordering::AcqRel);
@@ -421,8 +467,7 @@ impl LanePool {
                     retired = Some(lane);
                 }
             }
-            index
-        };
+        }
         if let Some(lane) = retired {
             lane.retire(Some(&self.config.adopt));
         }

@@ -236,6 +236,10 @@ fn open_devices(
             expected_answer,
             threaded,
             lanes: settings.lanes,
+            spread: match settings.spread {
+                0 => settings.lanes,
+                n => n,
+            },
             per_comm: per_comm(&settings, &c.provider),
             label: c.domain.clone(),
             adopt: Box::new(move |d| crate::control::adopt(d, Instant::now() + close_after)),

@@ -44,6 +44,7 @@ pub const LANES: &str = "NCCL_FABRIC_LANES";
 pub const PEER_TIMEOUT_MS: &str = "NCCL_FABRIC_PEER_TIMEOUT_MS";
 pub const MAX_RECVS: &str = "NCCL_FABRIC_MAX_RECVS";
 pub const PIECE_BYTES: &str = "NCCL_FABRIC_PIECE_BYTES";
+pub const SPREAD: &str = "NCCL_FABRIC_SPREAD";
 pub const CONTROL_PROVIDER: &str = "NCCL_FABRIC_CONTROL_PROVIDER";
 
 pub const TABLE: &[Setting] = &[
@@ -158,6 +159,16 @@ pub const TABLE: &[Setting] = &[
                   which go whole",
     },
     Setting {
+        name: SPREAD,
+        kind: Kind::Number { min: 0, max: 4 },
+        default: "0",
+        meaning: "how many of the device's lanes one comm's pieces travel on: piece i of a \
+                  message goes on lane i mod this, each lane its own connection and driver \
+                  (as NCCL's Socket spreads a transfer over its sockets and threads); 0 = \
+                  every lane of the device per direction (NCCL_FABRIC_LANES, at most 4); 1 = \
+                  the comm's own lane only. Whole messages stay on the comm's own lane",
+    },
+    Setting {
         name: STALL_WARN_MS,
         kind: Kind::Number { min: 0, max: 86_400_000 },
         default: "60000",
@@ -260,6 +271,8 @@ pub struct Settings {
     pub max_recvs: u64,
     /// Piece size of long messages (0: whole messages), before the peers agree.
     pub piece_bytes: u64,
+    /// Lanes one comm's pieces spread over (0: every lane of the device per direction).
+    pub spread: usize,
     pub stall_warn_ms: u64,
     pub speed_mbps: u64,
     pub allow_native_tcp: bool,
@@ -371,6 +384,7 @@ impl Settings {
             peer_timeout_ms: number(PEER_TIMEOUT_MS)?,
             max_recvs: number(MAX_RECVS)?,
             piece_bytes: number(PIECE_BYTES)?,
+            spread: number(SPREAD)? as usize,
             stall_warn_ms: number(STALL_WARN_MS)?,
             speed_mbps: number(SPEED_MBPS)?,
             allow_native_tcp: value(&lookup, ALLOW_TCP_RDM)? == "yes",

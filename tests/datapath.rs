@@ -607,9 +607,14 @@ fn child_pieces_rank() {
     println!("RESULT ok=1");
 }
 
-/// Two ranks with these piece sizes, each sending the piece script to the other; what both
-/// logged about their comms.
-fn pieces_between(env: &[(String, String)], pieces: [&str; 2], what: &str) -> [String; 2] {
+/// Two ranks with these piece sizes and lanes per direction, each sending the piece script to
+/// the other; what both logged about their comms.
+fn pieces_between(
+    env: &[(String, String)],
+    pieces: [&str; 2],
+    lanes: [&str; 2],
+    what: &str,
+) -> [String; 2] {
     let native_tcp = env
         .iter()
         .any(|(k, v)| k == "NCCL_FABRIC_PROVIDER" && v == "tcp");
@@ -619,6 +624,7 @@ fn pieces_between(env: &[(String, String)], pieces: [&str; 2], what: &str) -> [S
         .map(|(k, bytes)| {
             let mut env = env.to_vec();
             env.push(("NCCL_FABRIC_PIECE_BYTES".into(), bytes.to_string()));
+            env.push(("NCCL_FABRIC_LANES".into(), lanes[k].to_string()));
             env.push(("NCCL_FABRIC_LOG".into(), "debug".into()));
             env.push(("NCCL_DEBUG".into(), "TRACE".into()));
             if k == 1 {
@@ -662,9 +668,12 @@ fn pieces_between(env: &[(String, String)], pieces: [&str; 2], what: &str) -> [S
     [done[0].stderr.clone(), done[1].stderr.clone()]
 }
 
+/// Each comm's pieces spread over its ranks' lanes: one rank has 3 per direction, the other
+/// 2, so every comm has 2 (the sender with 3 lets its third go), and the 4 pieces of a long
+/// message take them in turn.
 #[test]
 fn long_messages_go_in_pieces_both_ends_agree_on() {
-    let split = format!("messages over {PIECE} bytes in up to 4 pieces");
+    let split = format!("messages over {PIECE} bytes in up to 4 pieces, spread over 2 lanes");
     let mut providers = provider_envs();
     providers.extend(
         more_providers()
@@ -680,15 +689,18 @@ fn long_messages_go_in_pieces_both_ends_agree_on() {
             false => (2, 0),
             true => (0, 2),
         };
-        for log in pieces_between(&env, [&piece, &piece], &p) {
+        for log in pieces_between(&env, [&piece, &piece], ["3", "2"], &p) {
             assert!(
                 log.matches(&split).count() == pieces
                     && log.matches("whole messages").count() == whole,
-                "over {p}: both comms of each rank send in pieces (whole over shm): {log}"
+                "over {p}: both comms of each rank send in pieces over 2 lanes (whole over \
+                 shm): {log}"
             );
         }
-        // One end without pieces: both send whole messages, and the script still holds.
-        for log in pieces_between(&env, [&piece, "0"], &format!("{p}, one end without")) {
+        // One end without pieces: both send whole messages on one lane, and the script still
+        // holds.
+        let without = format!("{p}, one end without");
+        for log in pieces_between(&env, [&piece, "0"], ["2", "2"], &without) {
             assert!(
                 log.matches("whole messages").count() == 2 && !log.contains(&split),
                 "over {p}: an end that offers none makes both send whole messages: {log}"
