@@ -231,15 +231,16 @@ fn open_devices(
             ),
             (false, _) => {}
         }
+        let spread = match settings.spread {
+            0 => settings.lanes,
+            n => n,
+        };
         let lanes = LanePool::new(LaneConfig {
             domain: domain.clone(),
             expected_answer,
             threaded,
             lanes: settings.lanes,
-            spread: match settings.spread {
-                0 => settings.lanes,
-                n => n,
-            },
+            spread,
             per_comm: per_comm(&settings, &c.provider),
             label: c.domain.clone(),
             adopt: Box::new(move |d| crate::control::adopt(d, Instant::now() + close_after)),
@@ -248,6 +249,29 @@ fn open_devices(
             nudge: !nccl_threads_only,
             spin,
         });
+        let split = crate::quirks::pieces_pay(&c.provider, crate::fabric::runtime_version());
+        match (split, settings.piece_bytes) {
+            (true, p) if p >= crate::handshake::MIN_PIECE => tracing::info!(
+                "dev {index} {}: messages over {p} bytes go in up to {} pieces, spread over up \
+                 to {} lane(s) (NCCL_FABRIC_PIECE_BYTES, NCCL_FABRIC_SPREAD; the peer's \
+                 values may lower both)",
+                c.domain,
+                crate::tags::MAX_PIECES,
+                lanes.spread()
+            ),
+            (true, _) => tracing::info!(
+                "dev {index} {}: whole messages (NCCL_FABRIC_PIECE_BYTES below {})",
+                c.domain,
+                crate::handshake::MIN_PIECE
+            ),
+            (false, _) => tracing::info!(
+                "dev {index} {}: whole messages: pieces do not pay over {} at libfabric {} \
+                 (shared memory, or rxm before 2.1)",
+                c.domain,
+                c.provider,
+                crate::fabric::version_string(crate::fabric::runtime_version())
+            ),
+        }
         let liveness = Liveness {
             timeout: Duration::from_millis(settings.peer_timeout_ms),
         };
