@@ -548,8 +548,8 @@ fn pieces_one_way(lib: &PluginLib, comm: Ptr, send: bool, until: Instant) {
     }
     // A message in 4 pieces into a receive of 2, then one into a receive shorter than a
     // piece: an error for the receive alone; the sender's request ends, and the comm
-    // carries on. Not over native tcp, which may report such a receive complete with its own
-    // length (quirks: truncation on native tcp).
+    // carries on. Not where the provider may report such a receive complete with its own
+    // length (quirks: truncation unseen).
     let truncations = match std::env::var("NFAB_NO_TRUNCATION") {
         Ok(_) => vec![],
         Err(_) => vec![
@@ -618,6 +618,13 @@ fn pieces_between(
     let native_tcp = env
         .iter()
         .any(|(k, v)| k == "NCCL_FABRIC_PROVIDER" && v == "tcp");
+    // libfabric 1.17 rxm and shm driven by progress threads now and then report a message
+    // longer than NCCL's buffer complete with the buffer's length (quirks: truncation unseen).
+    let threads_on_1_17 = libfabric_version() < (2, 1)
+        && env
+            .iter()
+            .any(|(k, v)| k == "NCCL_FABRIC_PROGRESS_THREAD" && v == "yes");
+    let unseen = native_tcp || threads_on_1_17;
     let envs: Vec<Vec<(String, String)>> = pieces
         .iter()
         .enumerate()
@@ -625,12 +632,13 @@ fn pieces_between(
             let mut env = env.to_vec();
             env.push(("NCCL_FABRIC_PIECE_BYTES".into(), bytes.to_string()));
             env.push(("NCCL_FABRIC_LANES".into(), lanes[k].to_string()));
+            env.push(("NCCL_FABRIC_SPREAD".into(), "0".into()));
             env.push(("NCCL_FABRIC_LOG".into(), "debug".into()));
             env.push(("NCCL_DEBUG".into(), "TRACE".into()));
             if k == 1 {
                 env.push(("NFAB_ACCEPT_FIRST".into(), "1".into()));
             }
-            if native_tcp {
+            if unseen {
                 env.push(("NFAB_NO_TRUNCATION".into(), "1".into()));
             }
             env
@@ -639,13 +647,26 @@ fn pieces_between(
     let (a, b) = process_pair_apart("child_pieces_rank", [&envs[0], &envs[1]]);
     let done = [a.finish(), b.finish()];
     for (k, f) in done.iter().enumerate() {
+        // The other rank's end too: a rank fails when its peer went away.
+        let other = &done[1 - k];
+        let tail = |t: &str| {
+            let mut from = t.len().saturating_sub(4000);
+            while !t.is_char_boundary(from) {
+                from += 1;
+            }
+            t[from..].to_string()
+        };
         assert!(
             f.success && f.result("ok").is_some(),
-            "rank {k} over {what} (pieces {pieces:?}) failed\n--- stdout\n{}\n--- stderr\n{}",
+            "rank {k} over {what} (pieces {pieces:?}) failed\n--- stdout\n{}\n--- stderr\n{}\n\
+             --- the other rank (success {}): stdout\n{}\n--- its stderr, last lines\n{}",
             f.stdout,
-            f.stderr
+            f.stderr,
+            other.success,
+            tail(&other.stdout),
+            tail(&other.stderr)
         );
-        if native_tcp {
+        if unseen {
             continue;
         }
         for key in ["truncated", "truncated_first"] {
@@ -668,9 +689,12 @@ fn pieces_between(
     [done[0].stderr.clone(), done[1].stderr.clone()]
 }
 
-/// Each comm's pieces spread over its ranks' lanes: one rank has 3 per direction, the other
-/// 2, so every comm has 2 (the sender with 3 lets its third go), and the 4 pieces of a long
-/// message take them in turn.
+/// How the connect and accept lines end for a comm that sends whole messages.
+const WHOLE: &str = "; whole messages";
+
+/// Each comm's pieces spread over its ranks' lanes (`NCCL_FABRIC_SPREAD=0`): one rank has 3
+/// per direction, the other 2, so every comm has 2 (the sender with 3 lets its third go), and
+/// the 4 pieces of a long message take them in turn.
 #[test]
 fn long_messages_go_in_pieces_both_ends_agree_on() {
     let split = format!("messages over {PIECE} bytes in up to 4 pieces, spread over 2 lanes");
@@ -691,8 +715,7 @@ fn long_messages_go_in_pieces_both_ends_agree_on() {
         };
         for log in pieces_between(&env, [&piece, &piece], ["3", "2"], &p) {
             assert!(
-                log.matches(&split).count() == pieces
-                    && log.matches("whole messages").count() == whole,
+                log.matches(&split).count() == pieces && log.matches(WHOLE).count() == whole,
                 "over {p}: both comms of each rank send in pieces over 2 lanes (whole over \
                  shm): {log}"
             );
@@ -702,7 +725,7 @@ fn long_messages_go_in_pieces_both_ends_agree_on() {
         let without = format!("{p}, one end without");
         for log in pieces_between(&env, [&piece, "0"], ["2", "2"], &without) {
             assert!(
-                log.matches("whole messages").count() == 2 && !log.contains(&split),
+                log.matches(WHOLE).count() == 2 && !log.contains(&split),
                 "over {p}: an end that offers none makes both send whole messages: {log}"
             );
         }
