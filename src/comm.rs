@@ -144,6 +144,8 @@ pub struct Comm {
     failed: AtomicBool,
     /// The legs' count of errors without an operation, as this comm last saw it.
     stray_seen: AtomicU64,
+    /// Where its requests' time went (`NCCL_FABRIC_TIMES`).
+    times: crate::times::Times,
     /// Since when (ms) the provider has refused this comm's posts, 0 if it took the last one:
     /// a peer that stops taking messages is watched like one that stops answering them.
     refused_since: AtomicU64,
@@ -167,6 +169,8 @@ pub struct Request {
     n: AtomicUsize,
     parts: Box<[Part]>,
     posted_at_ms: AtomicU64,
+    /// When NCCL posted it (`times::stamp`, 0 unless timing is on).
+    posted_at: AtomicU64,
     stall_reported: AtomicBool,
 }
 
@@ -271,6 +275,7 @@ impl Comm {
                     })
                     .collect(),
                 posted_at_ms: AtomicU64::new(0),
+                posted_at: AtomicU64::new(0),
                 stall_reported: AtomicBool::new(false),
             })
             .collect();
@@ -290,6 +295,7 @@ impl Comm {
             closed: AtomicBool::new(false),
             failed: AtomicBool::new(false),
             stray_seen,
+            times: Default::default(),
             refused_since: AtomicU64::new(0),
         });
         let me = Arc::as_ptr(&comm).cast_mut();
@@ -394,8 +400,8 @@ impl Comm {
     ///
     /// # Safety
     /// Each buffer must be valid for its length (readable for a send, writable for a
-    /// receive) until `test` reports the request done, and its `desc` NULL or a descriptor
-    /// of this comm's domain.
+    /// receive) until `test` reports the request done, and its `descs` NULLs or the
+    /// descriptors of a registration made on this comm (one per leg).
     pub unsafe fn post(self: &Arc<Self>, bufs: &[Buffer]) -> Result<Option<*mut c_void>> {
         if self.closed.load(Ordering::Acquire) {
             return Err(Error::InvalidArgument("the comm is closed".into()));
@@ -485,6 +491,8 @@ impl Comm {
         };
         req.n.store(bufs.len(), Ordering::Relaxed);
         req.posted_at_ms.store(now_ms(), Ordering::Relaxed);
+        req.posted_at
+            .store(crate::times::stamp(), Ordering::Relaxed);
         req.stall_reported.store(false, Ordering::Relaxed);
         // Every operation is marked queued before the first can complete (claim() looks at
         // all).
@@ -500,9 +508,13 @@ impl Comm {
                 for &(key, last) in &taken[..keys] {
                     seqs.insert(key, last.wrapping_add(1));
                 }
+                // The request is NCCL's now: an endpoint that failed meanwhile is reported
+                // by its `test`, which then gives the slot back.
                 for (i, b) in bufs.iter().enumerate() {
                     for j in (i == 0) as usize..pieces(b.len, self.piece) {
-                        self.leg(j).lane.enqueue(post_of(i, j))?;
+                        if let Err(e) = self.leg(j).lane.enqueue(post_of(i, j)) {
+                            tracing::debug!("a piece handed to a failed endpoint: {e}");
+                        }
                     }
                 }
                 self.refused_since.store(0, Ordering::Relaxed);
@@ -547,6 +559,9 @@ impl Comm {
     /// also leaves a sink for messages of its peer that nothing will receive now.
     pub fn close(self: Arc<Self>) {
         self.closed.store(true, Ordering::Release);
+        if let Some(times) = self.times.text() {
+            tracing::info!("{} comm {}: {times}", self.what(), self.peer_text());
+        }
         let owner: Owner = self.clone();
         let healthy =
             |c: &Comm| !c.failed.load(Ordering::Acquire) && c.peer.liveness.dead().is_none();
@@ -727,8 +742,29 @@ impl Request {
             comm.watch(self)?;
             return Ok(None);
         }
+        if crate::times::on() {
+            self.time(comm, &sizes);
+        }
         self.release();
         Ok(Some(sizes))
+    }
+
+    /// Adds a request seen done now to its comm's times: the last of its operations the
+    /// provider took, and the last it completed.
+    fn time(&self, comm: &Comm, sizes: &Sizes) {
+        let (mut taken, mut completed) = (0, 0);
+        for op in self.parts_in_use().iter().flat_map(Part::ops) {
+            let (t, c) = op.stamps();
+            taken = taken.max(t);
+            completed = completed.max(c);
+        }
+        comm.times.add(
+            sizes.bytes[..sizes.n].iter().sum(),
+            self.posted_at.load(Ordering::Relaxed),
+            taken,
+            completed,
+            crate::times::stamp(),
+        );
     }
 
     /// Before a request is given back with an error: the other buffers whose first piece

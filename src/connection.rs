@@ -313,6 +313,13 @@ impl ListenComm {
     /// `closeListen`.
     pub fn close(self) {
         self.control.unlisten(self.token);
+        // An accept whose ACK was still on its way made a comm NCCL never got: it closes
+        // here, giving its lanes back.
+        if let AcceptState::WaitAckSent { comm, .. } =
+            std::mem::replace(&mut *self.state.lock(), AcceptState::Done)
+        {
+            comm.close();
+        }
     }
 }
 

@@ -9,9 +9,10 @@
 //! Comms of a device share `NCCL_FABRIC_LANES` receiving and as many sending lanes, handed
 //! out in turn (receiving and sending apart, so two ranks of one process never send to their
 //! own endpoint, which some providers cannot), or get a lane each
-//! (`NCCL_FABRIC_ENDPOINTS=comm`). A comm that sends long messages in pieces also takes the
-//! lanes after its own (`NCCL_FABRIC_SPREAD`), so that its pieces move on several
-//! connections, each with its own driver. A lane counts its users (comms and registrations). When
+//! (`NCCL_FABRIC_ENDPOINTS=comm`). With `NCCL_FABRIC_SPREAD` above 1, a send or receive
+//! comm whose messages go in pieces also takes the lanes after its own, so that its pieces
+//! move on several connections, each with its own driver (never with a lane per comm). A
+//! lane counts its users (comms and registrations). When
 //! the last user of a shared lane goes, the lane stays in its slot for
 //! `NCCL_FABRIC_LANE_LINGER_MS`, so that the next communicator (NCCL makes and destroys
 //! them one after another) finds it open and connected; a lane of one comm waits as long

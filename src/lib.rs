@@ -18,7 +18,8 @@
 //! - [`endpoint`], [`fabric`], [`sys`]: libfabric itself; [`address`]: what a peer address
 //!   must look like before libfabric sees it; [`nic`]: what the kernel says about the
 //!   interface behind a domain (loopback, PCI device, speed); [`wake`]: sleeping on file
-//!   descriptors (a progress thread's provider fd and its bell).
+//!   descriptors (a progress thread's provider fd and its bell); [`times`]: where requests
+//!   spend their time, when asked.
 //!
 //! The NCCL side of the ABI, which the tool, the tests and the benchmarks drive the plugin
 //! through, is the separate crate `nccl-net-host` (`host/`), kept out of the shipped library.
@@ -53,4 +54,5 @@ pub mod random;
 pub mod settings;
 pub mod sys;
 pub mod tags;
+pub mod times;
 pub mod wake;

@@ -44,6 +44,9 @@ pub struct Op {
     len: AtomicUsize,
     /// The tag a receive's message came with.
     tag: AtomicU64,
+    /// When the provider took it and when it completed (`times`; 0 unless timing is on).
+    taken_at: AtomicU64,
+    completed_at: AtomicU64,
     failure: Mutex<Option<Failure>>,
 }
 
@@ -60,6 +63,8 @@ impl Default for Op {
             state: AtomicU32::new(IDLE),
             len: AtomicUsize::new(0),
             tag: AtomicU64::new(0),
+            taken_at: AtomicU64::new(0),
+            completed_at: AtomicU64::new(0),
             failure: Mutex::new(None),
         }
     }
@@ -83,10 +88,14 @@ impl Op {
     pub fn mark_queued(&self) {
         *self.failure.lock() = None;
         self.tag.store(0, Ordering::Relaxed);
+        self.taken_at.store(0, Ordering::Relaxed);
+        self.completed_at.store(0, Ordering::Relaxed);
         self.state.store(QUEUED, Ordering::Release);
     }
     /// Taken by the provider (the driver's call).
     pub fn mark_posted(&self) {
+        self.taken_at
+            .store(crate::times::stamp(), Ordering::Relaxed);
         self.state.store(POSTED, Ordering::Release);
     }
     /// Back to idle once its outcome was reported.
@@ -101,7 +110,16 @@ impl Op {
     pub fn complete(&self, len: usize, tag: u64) {
         self.len.store(len, Ordering::Relaxed);
         self.tag.store(tag, Ordering::Relaxed);
+        self.completed_at
+            .store(crate::times::stamp(), Ordering::Relaxed);
         self.state.store(DONE, Ordering::Release);
+    }
+    /// When the provider took it and when it completed (`times::stamp`, 0 if not read).
+    pub fn stamps(&self) -> (u64, u64) {
+        (
+            self.taken_at.load(Ordering::Relaxed),
+            self.completed_at.load(Ordering::Relaxed),
+        )
     }
     /// The tag of a finished operation's message, as the provider reported it (0 for a
     /// failure that did not say).

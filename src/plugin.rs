@@ -130,6 +130,7 @@ fn open_devices(
     decision: &Decision,
 ) -> Result<Plugin> {
     settings.size_for_devices(decision.devices.len());
+    crate::times::enable(settings.times);
     let mut fabrics: Vec<(String, Arc<Fabric>)> = Vec::new();
     let mut devices = Vec::new();
     let descriptions = describe_devices(discovery, decision, settings.speed_mbps);
@@ -252,12 +253,14 @@ fn open_devices(
         let split = crate::quirks::pieces_pay(&c.provider, crate::fabric::runtime_version());
         match (split, settings.piece_bytes) {
             (true, p) if p >= crate::handshake::MIN_PIECE => tracing::info!(
-                "dev {index} {}: messages over {p} bytes go in up to {} pieces, spread over up \
-                 to {} lane(s) (NCCL_FABRIC_PIECE_BYTES, NCCL_FABRIC_SPREAD; the peer's \
-                 values may lower both)",
+                "dev {index} {}: messages over {p} bytes go in up to {} pieces, {} \
+                 (NCCL_FABRIC_PIECE_BYTES, NCCL_FABRIC_SPREAD; the peer's values may lower both)",
                 c.domain,
                 crate::tags::MAX_PIECES,
-                lanes.spread()
+                match lanes.spread() {
+                    1 => "each comm's on its own lane".to_string(),
+                    n => format!("spread over up to {n} lanes"),
+                }
             ),
             (true, _) => tracing::info!(
                 "dev {index} {}: whole messages (NCCL_FABRIC_PIECE_BYTES below {})",

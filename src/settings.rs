@@ -45,6 +45,7 @@ pub const PEER_TIMEOUT_MS: &str = "NCCL_FABRIC_PEER_TIMEOUT_MS";
 pub const MAX_RECVS: &str = "NCCL_FABRIC_MAX_RECVS";
 pub const PIECE_BYTES: &str = "NCCL_FABRIC_PIECE_BYTES";
 pub const SPREAD: &str = "NCCL_FABRIC_SPREAD";
+pub const TIMES: &str = "NCCL_FABRIC_TIMES";
 pub const CONTROL_PROVIDER: &str = "NCCL_FABRIC_CONTROL_PROVIDER";
 
 pub const TABLE: &[Setting] = &[
@@ -161,12 +162,23 @@ pub const TABLE: &[Setting] = &[
     Setting {
         name: SPREAD,
         kind: Kind::Number { min: 0, max: 4 },
-        default: "0",
-        meaning: "how many of the device's lanes one comm's pieces travel on: piece i of a \
-                  message goes on lane i mod this, each lane its own connection and driver \
-                  (as NCCL's Socket spreads a transfer over its sockets and threads); 0 = \
-                  every lane of the device per direction (NCCL_FABRIC_LANES, at most 4); 1 = \
-                  the comm's own lane only. Whole messages stay on the comm's own lane",
+        default: "1",
+        meaning: "how many of the device's lanes a comm's pieces travel on (see \
+                  NCCL_FABRIC_PIECE_BYTES): piece i of a message goes on the i-th of them in \
+                  turn, each lane its own connection and driver, as NCCL's Socket spreads a \
+                  transfer over its sockets; for networks that cap each TCP flow. 0 = every \
+                  lane of the device per direction (NCCL_FABRIC_LANES, at most 4); the peers \
+                  use the fewer. Each of these lanes then holds a registration of every buffer \
+                  NCCL registers on the comm. Whole messages, and comms with an endpoint \
+                  each (NCCL_FABRIC_ENDPOINTS=comm), keep to one lane",
+    },
+    Setting {
+        name: TIMES,
+        kind: Kind::Choice(&["no", "yes"]),
+        default: "no",
+        meaning: "`yes`: every comm says when it closes (INFO) where its requests spent their \
+                  time: until the provider had all of a request's pieces, in the provider, and \
+                  until NCCL's `test` saw it done (the clock is read a few times per request)",
     },
     Setting {
         name: STALL_WARN_MS,
@@ -273,6 +285,8 @@ pub struct Settings {
     pub piece_bytes: u64,
     /// Lanes one comm's pieces spread over (0: every lane of the device per direction).
     pub spread: usize,
+    /// Whether requests are timed (see `times`).
+    pub times: bool,
     pub stall_warn_ms: u64,
     pub speed_mbps: u64,
     pub allow_native_tcp: bool,
@@ -385,6 +399,7 @@ impl Settings {
             max_recvs: number(MAX_RECVS)?,
             piece_bytes: number(PIECE_BYTES)?,
             spread: number(SPREAD)? as usize,
+            times: value(&lookup, TIMES)? == "yes",
             stall_warn_ms: number(STALL_WARN_MS)?,
             speed_mbps: number(SPEED_MBPS)?,
             allow_native_tcp: value(&lookup, ALLOW_TCP_RDM)? == "yes",

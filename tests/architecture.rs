@@ -82,7 +82,9 @@ fn no_module_imports_itself_through_others() {
 const LAYERS: &[(&str, &[&str])] = &[
     (
         "C types and the system",
-        &["sys", "nccl", "random", "nic", "tags", "overflow", "wake"],
+        &[
+            "sys", "nccl", "random", "nic", "tags", "overflow", "wake", "times",
+        ],
     ),
     (
         "errors and logging; what NCCL decided about GPU buffers",

@@ -396,8 +396,9 @@ unsafe fn desc_of(comm: &Comm, mhandle: *mut c_void) -> Result<(Descs, bool)> {
     match unsafe { opaque::borrow::<MemoryRegion>(mhandle)? } {
         region if region.fits(comm) => Ok((region.descs(), region.memory == Memory::Host)),
         _ => Err(Error::InvalidArgument(
-            "the mhandle was registered on another comm (each comm's endpoint has its own \
-             libfabric domain): register the buffer with regMr on the comm that uses it"
+            "the mhandle was registered on another comm (each comm's endpoints have \
+             libfabric domains of their own): register the buffer with regMr on the comm \
+             that uses it"
                 .into(),
         )),
     }
