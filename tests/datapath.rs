@@ -633,6 +633,7 @@ fn pieces_between(
             env.push(("NCCL_FABRIC_PIECE_BYTES".into(), bytes.to_string()));
             env.push(("NCCL_FABRIC_LANES".into(), lanes[k].to_string()));
             env.push(("NCCL_FABRIC_SPREAD".into(), "0".into()));
+            env.push(("NCCL_FABRIC_TIMES".into(), "yes".into()));
             env.push(("NCCL_FABRIC_LOG".into(), "debug".into()));
             env.push(("NCCL_DEBUG".into(), "TRACE".into()));
             if k == 1 {
@@ -719,6 +720,15 @@ fn long_messages_go_in_pieces_both_ends_agree_on() {
                 "over {p}: both comms of each rank send in pieces over 2 lanes (whole over \
                  shm): {log}"
             );
+            // NCCL_FABRIC_TIMES: each comm said where its requests' time went.
+            for comm in ["send comm to", "receive comm from"] {
+                assert!(
+                    log.lines().any(|l| l.contains(comm)
+                        && l.contains(" requests, ")
+                        && l.contains("until NCCL's test")),
+                    "over {p}: the {comm} comm's times: {log}"
+                );
+            }
         }
         // One end without pieces: both send whole messages on one lane, and the script still
         // holds.
