@@ -50,7 +50,8 @@
 #                HOSTS_TEST names another nccl-tests binary (sendrecv_perf, alltoall_perf …);
 #                HOSTS_BIND replaces mpirun's "--bind-to none" ("--bind-to core": one core per
 #                rank, mpirun's default), HOSTS_TAG names the runs apart and HOSTS_ENV
-#                (VAR=VALUE ...) goes to every run, Socket's too
+#                (VAR=VALUE ...) goes to every run, Socket's too; with NCCL_FABRIC_TIMES=yes
+#                there, the plugin's comms' times are listed too
 #   pingpong     one small message's one-way time: a polled TCP socket (tcp_pingpong.c) and
 #                fabtests fi_rdm_tagged_pingpong over $PINGPONG_PROVIDERS (tcp;ofi_rxm tcp)
 #   ceiling      what the provider itself moves here (fabtests fi_rdm_tagged_bw, built against the
@@ -757,6 +758,12 @@ stage_hosts() {
       echo "$n: channels $(grep -oE 'via NET/[A-Za-z]+/[0-9]+' "$OUT/logs/$n.log" | sort | uniq -c | tr -s ' ' | tr '\n' ';')"
     done
     echo '```'
+    # With NCCL_FABRIC_TIMES=yes (in HOSTS_ENV or a variant): where each comm's requests spent
+    # their time, as the comms said at close.
+    for n in "${names[@]}"; do
+      grep -hE 'NET/Fabric : (send|receive) comm .* requests, ' "$OUT/logs/$n.log" \
+        | sed "s/.*NET\/Fabric : /- $n: /" | cut -c1-400
+    done
     echo
     echo "Time per size (out-of-place, µs), side by side:"
     echo
