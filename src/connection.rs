@@ -18,7 +18,9 @@ use crate::comm::{Comm, CommId, Direction, Leg, PeerInfo, Terms};
 use crate::control::{self, Answer, Control, Incoming, ListenSlot, LocalConnect, Peer, Sent};
 use crate::device::{ConnectEntry, Connecting, Device};
 use crate::error::{Error, Result};
-use crate::handshake::{agreed_piece, legs_field, piece_field, Handle, Kind, Record, MAX_LEGS};
+use crate::handshake::{
+    agreed_piece, legs_field, piece_field, Handle, Kind, Record, MAX_LEGS, MIN_PIECE,
+};
 use crate::lane::{Lane, Role};
 use crate::nccl::NET_HANDLE_MAXSIZE;
 use crate::plugin::Plugin;
@@ -85,21 +87,12 @@ pub fn listen(
     })
 }
 
-/// The piece size this end offers for comms of `device` (see `comm`).
-fn offered_piece(plugin: &Plugin, device: &Device) -> u64 {
-    let provider = &device.candidate.provider;
-    match crate::quirks::pieces_pay(provider, crate::fabric::runtime_version()) {
-        true => plugin.settings.piece_bytes,
-        false => 0,
-    }
-}
-
 /// How many lanes a comm of `device` asks for: its own, and those its pieces may spread
-/// over when it sends in pieces at all.
+/// over when it sends in pieces at all (pieces of `piece` bytes, offered or agreed).
 fn lanes_wanted(device: &Device, piece: u64) -> usize {
-    match agreed_piece(piece, piece) {
-        0 => 1,
-        _ => device.lanes.spread().min(1 + MAX_LEGS),
+    match piece < MIN_PIECE {
+        true => 1,
+        false => device.lanes.spread().min(1 + MAX_LEGS),
     }
 }
 
@@ -252,7 +245,7 @@ impl ListenComm {
             }
         }
         let device: &Device = &plugin.devices[self.device];
-        let piece = agreed_piece(offered_piece(plugin, device), incoming.piece);
+        let piece = agreed_piece(device.piece, incoming.piece);
         let wanted = lanes_wanted(device, piece).min(1 + incoming.legs.len());
         let mut lanes = device.lanes.acquire_legs(Role::Receiving, wanted)?;
         let leases: Vec<_> = lanes.iter().map(|l| l.lease_id()).collect();
@@ -265,9 +258,10 @@ impl ListenComm {
         let receiver = Arc::downgrade(&lanes[0].endpoint);
         let name = lanes[0].endpoint.name.clone();
         let id = ids[0];
-        let further_ids = ids[1..lanes.len()].to_vec();
-        let further_names: Vec<Vec<u8>> =
-            lanes[1..].iter().map(|l| l.endpoint.name.clone()).collect();
+        let further_lanes: Vec<(u64, Vec<u8>)> = (lanes[1..].iter())
+            .zip(&ids[1..])
+            .map(|(l, &id)| (id, l.endpoint.name.clone()))
+            .collect();
         let peers = std::iter::once(incoming.data.clone()).chain(incoming.legs.iter().cloned());
         let plans = lanes
             .into_iter()
@@ -291,7 +285,7 @@ impl ListenComm {
                     who: self.control.me,
                     data: name,
                     piece,
-                    legs: further_ids.into_iter().zip(further_names).collect(),
+                    legs: further_lanes,
                     receiver: Some(receiver),
                 });
                 Sent::delivered()
@@ -382,7 +376,7 @@ fn advance(c: &mut Connecting, device: &Device, plugin: &Plugin) -> Result<Optio
         )));
     }
     // Step 1: sending lanes (opening an endpoint if it is the first on its turn).
-    let offered = offered_piece(plugin, device);
+    let offered = device.piece;
     if c.lanes.is_empty() {
         let wanted = lanes_wanted(device, offered);
         c.lanes = device.lanes.acquire_legs(Role::Sending, wanted)?;

@@ -83,6 +83,9 @@ pub struct Device {
     pub lanes: Arc<LanePool>,
     /// With GPU buffers allowed, every endpoint must answer setopt as the probe did.
     pub expected_answer: Option<i32>,
+    /// The piece size its comms offer their peers (0: whole messages; see `comm`), decided
+    /// at init from the setting and the provider.
+    pub piece: u64,
     /// What NCCL's registrations on this device said about GPU buffers.
     pub buffers: crate::gdr::BufferReport,
     liveness: Liveness,
@@ -103,6 +106,7 @@ impl Device {
         candidate: Candidate,
         lanes: Arc<LanePool>,
         expected_answer: Option<i32>,
+        piece: u64,
         liveness: Liveness,
         control_home: Option<(Arc<Domain>, String)>,
     ) -> Self {
@@ -122,6 +126,7 @@ impl Device {
             candidate,
             lanes,
             expected_answer,
+            piece,
             liveness,
             control_home,
             control: Mutex::new(None),

@@ -250,8 +250,13 @@ fn open_devices(
             nudge: !nccl_threads_only,
             spin,
         });
+        // The piece size this device's comms offer, decided once.
         let split = crate::quirks::pieces_pay(&c.provider, crate::fabric::runtime_version());
-        match (split, settings.piece_bytes) {
+        let piece = match split {
+            true => settings.piece_bytes,
+            false => 0,
+        };
+        match (split, piece) {
             (true, p) if p >= crate::handshake::MIN_PIECE => tracing::info!(
                 "dev {index} {}: messages over {p} bytes go in up to {} pieces, {} \
                  (NCCL_FABRIC_PIECE_BYTES, NCCL_FABRIC_SPREAD; the peer's values may lower both)",
@@ -285,6 +290,7 @@ fn open_devices(
             c,
             lanes,
             expected_answer,
+            piece,
             liveness,
             control_home,
         ));
