@@ -53,12 +53,16 @@
 #                (VAR=VALUE ...) goes to every run, Socket's too; with NCCL_FABRIC_TIMES=yes
 #                there, the plugin's comms' times are listed too
 #   pingpong     one small message's one-way time: a polled TCP socket (tcp_pingpong.c) and
-#                fabtests fi_rdm_tagged_pingpong over $PINGPONG_PROVIDERS (tcp;ofi_rxm tcp)
-#   ceiling      what the provider itself moves here (fabtests fi_rdm_tagged_bw, built against the
-#                libfabric stage's build): $CEILING_FLOWS flows each way (default "1 2 4"), both
-#                directions at once, $CEILING_PROVIDER (tcp;ofi_rxm) over eth0's address,
-#                $CEILING_SIZE-byte messages (1 MiB), $CEILING_WINDOW in flight (64); the sum of
-#                the flows' MB/s per direction
+#                fabtests over $PINGPONG_PROVIDERS (tcp;ofi_rxm tcp), for each of $PINGPONG_OPS
+#                ("tagged": fi_rdm_tagged_pingpong; "writedata": fi_rma_pingpong -o writedata)
+#   ceiling      what the provider itself moves here (fabtests, built against the libfabric
+#                stage's build): for each of $CEILING_OPS ("tagged": fi_rdm_tagged_bw, the
+#                default; "writedata": fi_rma_bw -o writedata, RMA writes with remote CQ data),
+#                each of $CEILING_SIZE (message bytes, 1048576) and $CEILING_WINDOW (in flight
+#                per flow, 64) and $CEILING_FLOWS flows each way (default "1 2 4"), both
+#                directions at once, $CEILING_PROVIDER (tcp;ofi_rxm) over eth0's address; the
+#                sum of the flows' MB/s per direction; each flow moves 3 GiB
+#                ($CEILING_ITERS messages if set)
 #   ucx          libfabric 2.1 built with CUDA and the ucx provider against the UCX in
 #                $UCX_TARBALL (include/ and lib/ of the libucx-cu13 wheel, see the shared notes), then
 #                fi_info -p ucx and the plugin's doctor with NCCL_FABRIC_PROVIDER=ucx
@@ -1056,42 +1060,64 @@ eth0_ip() {
   python3 -c 'import fcntl, socket, struct; s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM); print(socket.inet_ntoa(fcntl.ioctl(s.fileno(), 0x8915, struct.pack("256s", b"eth0"))[20:24]))'
 }
 
+# The fabtests program and its arguments for a ceiling operation: tagged messages (what the
+# plugin posts; rxm sends a long one by rendezvous) or RMA writes with remote CQ data (the
+# data goes at once into a buffer the receiver announced, and the sender's completion needs
+# no answer from the receiver).
+ceiling_program() {
+  case $1 in
+    tagged) echo "$work/fabtests/bin/fi_rdm_tagged_bw" ;;
+    writedata) echo "$work/fabtests/bin/fi_rma_bw -e rdm -o writedata" ;;
+    *) log "unknown ceiling operation $1 (tagged, writedata)"; return 1 ;;
+  esac
+}
+
 stage_ceiling() {
   stage_fabtests || return 1
-  local prov=${CEILING_PROVIDER:-tcp;ofi_rxm} ip n k port bw=$work/fabtests/bin/fi_rdm_tagged_bw
-  local size=${CEILING_SIZE:-1048576} window=${CEILING_WINDOW:-64}
+  local prov=${CEILING_PROVIDER:-tcp;ofi_rxm} ip n k port op size window prog tag
   ip=$(eth0_ip)
   {
     echo
-    echo "## What $prov itself moves here (fabtests fi_rdm_tagged_bw, messages of $size bytes, window $window, over $ip)"
+    echo "## What $prov itself moves here (fabtests, both directions at once, over $ip)"
     echo
-    echo "| flows each way | MB/s one way (sum) | MB/s the other way (sum) | both, GB/s |"
-    echo "| --- | --- | --- | --- |"
+    echo "| operation | message bytes | in flight per flow | flows each way | MB/s one way (sum) | MB/s the other way (sum) | both, GB/s |"
+    echo "| --- | --- | --- | --- | --- | --- | --- |"
   } >>"$summary"
-  for n in ${CEILING_FLOWS:-1 2 4}; do
-    local logs=() pids=()
-    # 2n pairs: n servers of each direction; on one machine a direction is only which of
-    # the pair sends, so pair k of direction d is server d, client 1-d.
-    for k in $(seq 0 $((2 * n - 1))); do
-      port=$((23000 + 10 * n + k))
-      LD_LIBRARY_PATH=$lf/lib timeout 60 "$bw" -p "$prov" -s "$ip" -E="$port" -S "$size" -W "$window" -I 3000 -w 100 \
-        >"$OUT/logs/ceiling-$n-$k-server.log" 2>&1 &
-      pids+=($!)
+  port=23000
+  for op in ${CEILING_OPS:-tagged}; do
+    prog=$(ceiling_program "$op") || return 1
+    for size in ${CEILING_SIZE:-1048576}; do
+      for window in ${CEILING_WINDOW:-64}; do
+        for n in ${CEILING_FLOWS:-1 2 4}; do
+          local pids=() iters=${CEILING_ITERS:-$((3221225472 / size))}
+          [ "$iters" -ge 20 ] || iters=20
+          tag=$op-$size-$window-$n
+          # 2n pairs: n servers of each direction; on one machine a direction is only which
+          # of the pair sends, so pair k of direction d is server d, client 1-d.
+          for k in $(seq 0 $((2 * n - 1))); do
+            # shellcheck disable=SC2086 # $prog is the program and its fixed arguments
+            LD_LIBRARY_PATH=$lf/lib timeout 60 $prog -p "$prov" -s "$ip" -E="$((port + k))" -S "$size" -W "$window" -I "$iters" -w $((iters / 30 + 1)) \
+              >"$OUT/logs/ceiling-$tag-$k-server.log" 2>&1 &
+            pids+=($!)
+          done
+          sleep 1
+          for k in $(seq 0 $((2 * n - 1))); do
+            # shellcheck disable=SC2086
+            LD_LIBRARY_PATH=$lf/lib timeout 60 $prog -p "$prov" -E="$((port + k))" -S "$size" -W "$window" -I "$iters" -w $((iters / 30 + 1)) "$ip" \
+              >"$OUT/logs/ceiling-$tag-$k-client.log" 2>&1 &
+            pids+=($!)
+          done
+          wait "${pids[@]}"
+          port=$((port + 2 * n))
+          # The MB/sec column of each client's result line.
+          local sums
+          sums=$(for k in $(seq 0 $((2 * n - 1))); do
+            awk '/^[0-9]/ && NF >= 7 {v = $5} END {print v + 0}' "$OUT/logs/ceiling-$tag-$k-client.log"
+          done | awk -v n="$n" '{ if (NR <= n) a += $1; else b += $1 } END { printf "%.0f | %.0f | %.2f", a, b, (a + b) / 1000 }')
+          echo "| $op | $size | $window | $n | $sums |" >>"$summary"
+        done
+      done
     done
-    sleep 1
-    for k in $(seq 0 $((2 * n - 1))); do
-      port=$((23000 + 10 * n + k))
-      LD_LIBRARY_PATH=$lf/lib timeout 60 "$bw" -p "$prov" -E="$port" -S "$size" -W "$window" -I 3000 -w 100 "$ip" \
-        >"$OUT/logs/ceiling-$n-$k-client.log" 2>&1 &
-      pids+=($!)
-    done
-    wait "${pids[@]}"
-    # The MB/sec column of each client's result line.
-    local sums
-    sums=$(for k in $(seq 0 $((2 * n - 1))); do
-      awk '/^[0-9]/ && NF >= 7 {v = $5} END {print v + 0}' "$OUT/logs/ceiling-$n-$k-client.log"
-    done | awk -v n="$n" '{ if (NR <= n) a += $1; else b += $1 } END { printf "%.0f | %.0f | %.2f", a, b, (a + b) / 1000 }')
-    echo "| $n | $sums |" >>"$summary"
   done
 }
 
@@ -1102,29 +1128,44 @@ stage_ceiling() {
 # $FABTESTS_BIN (default .scratch/gpu-in/fabtests, built on the build machine) or the
 # fabtests stage.
 stage_pingpong() {
-  local bin=${FABTESTS_BIN:-$in/fabtests} ip size prov port=24100 pp
+  local bin=${FABTESTS_BIN:-$in/fabtests} ip size prov op port=24100 name cols=()
   [ -x "$bin/fi_rdm_tagged_pingpong" ] || { stage_fabtests && bin=$work/fabtests/bin; } || return 1
   cc -O2 -o "$work/tcp_pingpong" scripts/gpu/tcp_pingpong.c || return 1
   ip=$(eth0_ip)
+  for op in ${PINGPONG_OPS:-tagged}; do
+    for prov in ${PINGPONG_PROVIDERS:-tcp;ofi_rxm tcp}; do
+      case $op in tagged) cols+=("$prov") ;; *) cols+=("$prov $op") ;; esac
+    done
+  done
   {
     echo
     echo "## One message's one-way time over $ip (20000 round trips, µs)"
     echo
-    echo "| bytes | TCP socket, polled | $(echo "${PINGPONG_PROVIDERS:-tcp;ofi_rxm tcp}" | sed 's/ / | /g') |"
-    echo "| --- | --- |$(for _ in ${PINGPONG_PROVIDERS:-tcp;ofi_rxm tcp}; do printf ' --- |'; done)"
+    echo "| bytes | TCP socket, polled |$(printf ' %s |' "${cols[@]}")"
+    echo "| --- | --- |$(printf ' --- |%.0s' "${cols[@]}")"
   } >>"$summary"
   for size in ${PINGPONG_SIZES:-8 4096}; do
     port=$((port + 1))
     local row="| $size | $(timeout 60 "$work/tcp_pingpong" "$ip" "$port" "$size" 20000 | awk '{print $4}') |"
-    for prov in ${PINGPONG_PROVIDERS:-tcp;ofi_rxm tcp}; do
-      port=$((port + 1))
-      pp=(env LD_LIBRARY_PATH="$lf/lib" timeout 60 "$bin/fi_rdm_tagged_pingpong" -p "$prov" -E="$port" -S "$size" -I 20000)
-      "${pp[@]}" -s "$ip" >"$OUT/logs/pingpong-$size-${prov//;/_}-server.log" 2>&1 &
-      sleep 1
-      "${pp[@]}" "$ip" >"$OUT/logs/pingpong-$size-${prov//;/_}-client.log" 2>&1
-      wait
-      # The usec/xfer column: one way.
-      row+=" $(awk '$1 ~ /^[0-9]+[kmg]?$/ && NF >= 7 {v = $6} END {print v}' "$OUT/logs/pingpong-$size-${prov//;/_}-client.log") |"
+    for op in ${PINGPONG_OPS:-tagged}; do
+      local pp=()
+      case $op in
+        tagged) pp=("$bin/fi_rdm_tagged_pingpong") ;;
+        # An RMA write with remote CQ data into the buffer the peer registered.
+        writedata) pp=("$bin/fi_rma_pingpong" -o writedata) ;;
+        *) log "unknown pingpong operation $op (tagged, writedata)"; return 1 ;;
+      esac
+      for prov in ${PINGPONG_PROVIDERS:-tcp;ofi_rxm tcp}; do
+        port=$((port + 1))
+        name=$size-${prov//;/_}-$op
+        local cmd=(env LD_LIBRARY_PATH="$lf/lib" timeout 60 "${pp[@]}" -p "$prov" -E="$port" -S "$size" -I 20000)
+        "${cmd[@]}" -s "$ip" >"$OUT/logs/pingpong-$name-server.log" 2>&1 &
+        sleep 1
+        "${cmd[@]}" "$ip" >"$OUT/logs/pingpong-$name-client.log" 2>&1
+        wait
+        # The usec/xfer column: one way.
+        row+=" $(awk '$1 ~ /^[0-9]+[kmg]?$/ && NF >= 7 {v = $6} END {print v}' "$OUT/logs/pingpong-$name-client.log") |"
+      done
     done
     echo "$row" >>"$summary"
   done
