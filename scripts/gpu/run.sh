@@ -1060,21 +1060,23 @@ eth0_ip() {
   python3 -c 'import fcntl, socket, struct; s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM); print(socket.inet_ntoa(fcntl.ioctl(s.fileno(), 0x8915, struct.pack("256s", b"eth0"))[20:24]))'
 }
 
-# The fabtests program and its arguments for a ceiling operation: tagged messages (what the
-# plugin posts; rxm sends a long one by rendezvous) or RMA writes with remote CQ data (the
-# data goes at once into a buffer the receiver announced, and the sender's completion needs
-# no answer from the receiver).
-ceiling_program() {
-  case $1 in
-    tagged) echo "$work/fabtests/bin/fi_rdm_tagged_bw" ;;
-    writedata) echo "$work/fabtests/bin/fi_rma_bw -e rdm -o writedata" ;;
-    *) log "unknown ceiling operation $1 (tagged, writedata)"; return 1 ;;
+# fabtests_program DIR bw|pingpong OP: the fabtests program in DIR and its arguments for an
+# operation: "tagged" messages (what the plugin posts; rxm sends a long one by rendezvous) or
+# "writedata", RMA writes with remote CQ data (the data goes at once into a buffer the
+# receiver announced, and the sender's completion needs no answer from the receiver).
+fabtests_program() {
+  case $2-$3 in
+    bw-tagged) echo "$1/fi_rdm_tagged_bw" ;;
+    bw-writedata) echo "$1/fi_rma_bw -e rdm -o writedata" ;;
+    pingpong-tagged) echo "$1/fi_rdm_tagged_pingpong" ;;
+    pingpong-writedata) echo "$1/fi_rma_pingpong -o writedata" ;;
+    *) log "unknown fabtests operation $3 (tagged, writedata)"; return 1 ;;
   esac
 }
 
 stage_ceiling() {
   stage_fabtests || return 1
-  local prov=${CEILING_PROVIDER:-tcp;ofi_rxm} ip n k port op size window prog tag
+  local prov=${CEILING_PROVIDER:-tcp;ofi_rxm} ip n k port op size window prog=() tag
   ip=$(eth0_ip)
   {
     echo
@@ -1083,9 +1085,14 @@ stage_ceiling() {
     echo "| operation | message bytes | in flight per flow | flows each way | MB/s one way (sum) | MB/s the other way (sum) | both, GB/s |"
     echo "| --- | --- | --- | --- | --- | --- | --- |"
   } >>"$summary"
+  # Pair K of the run in the loops below: ceiling_pair K (-s ADDRESS for its server | ADDRESS).
+  ceiling_pair() {
+    env LD_LIBRARY_PATH="$lf/lib" timeout 60 "${prog[@]}" -p "$prov" -E="$((port + $1))" \
+      -S "$size" -W "$window" -I "$iters" -w $((iters / 30 + 1)) "${@:2}"
+  }
   port=23000
   for op in ${CEILING_OPS:-tagged}; do
-    prog=$(ceiling_program "$op") || return 1
+    read -ra prog <<<"$(fabtests_program "$work/fabtests/bin" bw "$op")" && [ ${#prog[@]} -gt 0 ] || return 1
     for size in ${CEILING_SIZE:-1048576}; do
       for window in ${CEILING_WINDOW:-64}; do
         for n in ${CEILING_FLOWS:-1 2 4}; do
@@ -1095,16 +1102,12 @@ stage_ceiling() {
           # 2n pairs: n servers of each direction; on one machine a direction is only which
           # of the pair sends, so pair k of direction d is server d, client 1-d.
           for k in $(seq 0 $((2 * n - 1))); do
-            # shellcheck disable=SC2086 # $prog is the program and its fixed arguments
-            LD_LIBRARY_PATH=$lf/lib timeout 60 $prog -p "$prov" -s "$ip" -E="$((port + k))" -S "$size" -W "$window" -I "$iters" -w $((iters / 30 + 1)) \
-              >"$OUT/logs/ceiling-$tag-$k-server.log" 2>&1 &
+            ceiling_pair "$k" -s "$ip" >"$OUT/logs/ceiling-$tag-$k-server.log" 2>&1 &
             pids+=($!)
           done
           sleep 1
           for k in $(seq 0 $((2 * n - 1))); do
-            # shellcheck disable=SC2086
-            LD_LIBRARY_PATH=$lf/lib timeout 60 $prog -p "$prov" -E="$((port + k))" -S "$size" -W "$window" -I "$iters" -w $((iters / 30 + 1)) "$ip" \
-              >"$OUT/logs/ceiling-$tag-$k-client.log" 2>&1 &
+            ceiling_pair "$k" "$ip" >"$OUT/logs/ceiling-$tag-$k-client.log" 2>&1 &
             pids+=($!)
           done
           wait "${pids[@]}"
@@ -1133,6 +1136,7 @@ stage_pingpong() {
   cc -O2 -o "$work/tcp_pingpong" scripts/gpu/tcp_pingpong.c || return 1
   ip=$(eth0_ip)
   for op in ${PINGPONG_OPS:-tagged}; do
+    fabtests_program "$bin" pingpong "$op" >/dev/null || return 1
     for prov in ${PINGPONG_PROVIDERS:-tcp;ofi_rxm tcp}; do
       case $op in tagged) cols+=("$prov") ;; *) cols+=("$prov $op") ;; esac
     done
@@ -1149,12 +1153,7 @@ stage_pingpong() {
     local row="| $size | $(timeout 60 "$work/tcp_pingpong" "$ip" "$port" "$size" 20000 | awk '{print $4}') |"
     for op in ${PINGPONG_OPS:-tagged}; do
       local pp=()
-      case $op in
-        tagged) pp=("$bin/fi_rdm_tagged_pingpong") ;;
-        # An RMA write with remote CQ data into the buffer the peer registered.
-        writedata) pp=("$bin/fi_rma_pingpong" -o writedata) ;;
-        *) log "unknown pingpong operation $op (tagged, writedata)"; return 1 ;;
-      esac
+      read -ra pp <<<"$(fabtests_program "$bin" pingpong "$op")"
       for prov in ${PINGPONG_PROVIDERS:-tcp;ofi_rxm tcp}; do
         port=$((port + 1))
         name=$size-${prov//;/_}-$op
