@@ -381,10 +381,15 @@ impl Domain {
             _fabric: fabric.clone(),
         }))
     }
-    /// Another domain on the same fabric, from the same info: its own progress engine (a
-    /// tcp domain drives all its endpoints' sockets under one lock) and its own registrations.
-    pub fn sibling(&self) -> Result<Arc<Self>> {
-        Self::open_sharing(&self._fabric, self.info.info(), self.turns.clone())
+    /// Another domain from the same info: its own progress engine (a tcp domain drives all
+    /// its endpoints' sockets under one lock) and its own registrations. It shares this
+    /// domain's fabric, or with `own_fabric` opens a fabric of its own from the same info.
+    pub fn sibling(&self, own_fabric: bool) -> Result<Arc<Self>> {
+        let fabric = match own_fabric {
+            true => Fabric::open(self.info.info())?,
+            false => self._fabric.clone(),
+        };
+        Self::open_sharing(&fabric, self.info.info(), self.turns.clone())
     }
     pub fn raw(&self) -> *mut sys::fid_domain {
         self.raw

@@ -613,7 +613,11 @@ impl LanePool {
 
     fn open(self: &Arc<Self>, role: Role, slot: Option<usize>) -> Result<Arc<Lane>> {
         let c = &self.config;
-        let domain = c.domain.sibling()?;
+        let own_fabric = crate::quirks::domain_open_races_progress(
+            &c.domain.info.info().provider(),
+            crate::fabric::runtime_version(),
+        );
+        let domain = c.domain.sibling(own_fabric)?;
         let sleeps = c.spin.is_some();
         let (endpoint, queue) = Endpoint::open_waitable(&domain, c.expected_answer, sleeps)?;
         if sleeps && queue.wait_fd().is_none() && !REFUSED_WAIT_TOLD.swap(true, Ordering::Relaxed) {

@@ -70,10 +70,18 @@
 //!   NCCL never sends more than its receive takes, so its jobs are not affected; the piece
 //!   test leaves its truncations out there.
 //! - **Pieces over rxm 1.17**: with pieces, in one of four full test runs, libfabric 1.17
-//!   `net;ofi_rxm` crashed inside libfabric (SIGSEGV under the progress thread's `fi_cq_read`)
-//!   and a `tcp;ofi_rxm` rank of the piece test was lost; the same crash had been seen once
-//!   before pieces existed. rxm gets pieces from libfabric 2.1 on, which passed all its runs
+//!   `net;ofi_rxm` crashed inside libfabric (the race below) and a `tcp;ofi_rxm` rank of the
+//!   piece test was lost. rxm gets pieces from libfabric 2.1 on, which passed all its runs
 //!   ([`pieces_pay`]).
+//! - **Domains opening under progress**: libfabric 1.17 `net` progresses every domain of a
+//!   fabric whenever any endpoint's EQ is read (`xnet_eq_read`, `xnet_progress_all`; rxm
+//!   reads its EQ in each `fi_cq_read`), and a new domain joins its fabric's list
+//!   (`ofi_domain_init`) before its progress engine is set up (`xnet_init_progress`). A lane
+//!   opening its domain while another thread read completions on the same fabric crashed
+//!   the process (SIGSEGV in `fi_cq_read`, about one run in four of the two-process
+//!   `net;ofi_rxm` test on 2 busy cores). 1.18 progresses only the domains bound to the EQ
+//!   (ofiwg/libfabric c721f8d). There each lane's domain opens on a fabric of its own
+//!   ([`domain_open_races_progress`]).
 //! - **Pieces over shared memory**: shm moves a message in one copy between the two
 //!   processes' memory, so pieces (see `comm`) overlap nothing there; and libfabric 1.17 shm
 //!   loses a first piece whose count bits its receive ignores (the receive never completes,
@@ -141,6 +149,13 @@ pub fn stale_source_after_reconnect(provider: &str, version: u32) -> Option<&'st
 /// shm: see the module notes).
 pub fn serial_progress(provider: &str, version: u32) -> bool {
     provider == "shm" && version < crate::fabric::fi_version(2, 1)
+}
+
+/// Whether opening a domain races with progress on other domains of its fabric (libfabric
+/// 1.17 `net`, alone or under rxm: see the module notes); each lane's domain then gets a
+/// fabric of its own.
+pub fn domain_open_races_progress(provider: &str, version: u32) -> bool {
+    provider.split(';').next() == Some("net") && version < crate::fabric::fi_version(1, 18)
 }
 
 /// Whether the provider offers `FI_SOURCE` but leaves completions without a source.
@@ -351,5 +366,10 @@ mod tests {
         assert!(stale_source_after_reconnect("tcp;ofi_rxm", v(1, 17)).is_some());
         assert!(stale_source_after_reconnect("tcp;ofi_rxm", v(2, 1)).is_none());
         assert!(stale_source_after_reconnect("shm", v(1, 17)).is_none());
+        assert!(domain_open_races_progress("net;ofi_rxm", v(1, 17)));
+        assert!(domain_open_races_progress("net", v(1, 17)));
+        assert!(!domain_open_races_progress("net;ofi_rxm", v(1, 18)));
+        assert!(!domain_open_races_progress("tcp;ofi_rxm", v(1, 17)));
+        assert!(!domain_open_races_progress("udp;ofi_rxd", v(1, 17)));
     }
 }
