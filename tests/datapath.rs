@@ -226,16 +226,22 @@ fn for_each_provider(child: &str, extra: &[(&str, &str)]) {
         .into_iter()
         .filter(|&p| !(per_comm && p == "tcp"))
     {
-        let mut env = provider_env(p);
-        env.extend(extra.iter().map(|(k, v)| (k.to_string(), v.to_string())));
-        let f = run_child(child, &env, child_timeout());
-        assert!(
-            f.success && f.result("ok").is_some(),
-            "{child} over {p} failed\n--- stdout\n{}\n--- stderr\n{}",
-            f.stdout,
-            f.stderr
-        );
+        child_over(child, p, extra);
     }
+}
+
+/// The child test `child` over `p` with the `extra` settings, finished and successful.
+fn child_over(child: &str, p: &str, extra: &[(&str, &str)]) -> common::Finished {
+    let mut env = provider_env(p);
+    env.extend(extra.iter().map(|(k, v)| (k.to_string(), v.to_string())));
+    let f = run_child(child, &env, child_timeout());
+    assert!(
+        f.success && f.result("ok").is_some(),
+        "{child} over {p} with {extra:?} failed\n--- stdout\n{}\n--- stderr\n{}",
+        f.stdout,
+        f.stderr
+    );
+    f
 }
 
 #[test]
@@ -1054,19 +1060,13 @@ fn sixteen_comm_pairs_at_once() {
 #[test]
 fn sixteen_comm_pairs_on_more_providers() {
     for p in more_providers() {
-        let mut env = provider_env(p);
-        for (k, v) in [
-            ("NCCL_FABRIC_ENDPOINTS", "comm"),
-            ("NCCL_FABRIC_PROGRESS_THREAD", "yes"),
-        ] {
-            env.push((k.into(), v.into()));
-        }
-        let f = run_child("child_sixteen_pairs", &env, child_timeout());
-        assert!(
-            f.success && f.result("ok").is_some(),
-            "sixteen pairs over {p} failed\n--- stdout\n{}\n--- stderr\n{}",
-            f.stdout,
-            f.stderr
+        child_over(
+            "child_sixteen_pairs",
+            p,
+            &[
+                ("NCCL_FABRIC_ENDPOINTS", "comm"),
+                ("NCCL_FABRIC_PROGRESS_THREAD", "yes"),
+            ],
         );
     }
 }
@@ -1076,22 +1076,16 @@ fn sixteen_comm_pairs_on_more_providers() {
 #[test]
 fn sixteen_comm_pairs_over_three_lanes() {
     for p in data_providers() {
-        let mut env = provider_env(p);
-        for (k, v) in [
-            ("NCCL_FABRIC_ENDPOINTS", "device"),
-            ("NCCL_FABRIC_LANES", "3"),
-            ("NCCL_FABRIC_PROGRESS_THREAD", "yes"),
-            // The test host logs like NCCL: TRACE shows each endpoint opened.
-            ("NCCL_DEBUG", "TRACE"),
-        ] {
-            env.push((k.into(), v.into()));
-        }
-        let f = run_child("child_sixteen_pairs", &env, child_timeout());
-        assert!(
-            f.success && f.result("ok").is_some(),
-            "lanes over {p} failed\n--- stdout\n{}\n--- stderr\n{}",
-            f.stdout,
-            f.stderr
+        let f = child_over(
+            "child_sixteen_pairs",
+            p,
+            &[
+                ("NCCL_FABRIC_ENDPOINTS", "device"),
+                ("NCCL_FABRIC_LANES", "3"),
+                ("NCCL_FABRIC_PROGRESS_THREAD", "yes"),
+                // The test host logs like NCCL: TRACE shows each endpoint opened.
+                ("NCCL_DEBUG", "TRACE"),
+            ],
         );
         let opened = f.stderr.matches(" comms (").count();
         assert_eq!(opened, 6, "data endpoints opened over {p}\n{}", f.stderr);
