@@ -8,6 +8,9 @@
 //! plugin/raw ratios, with the CPU seconds the process spent per GB moved (both sides, the
 //! plugin's threads included). The plugin runs with the environment's settings: e.g.
 //! `NCCL_FABRIC_PROGRESS_THREAD=yes` with `NCCL_FABRIC_PROGRESS_SPIN_US=10000000` (never sleep).
+//! `-- --yield` makes each side yield its core whenever its operation is not done yet, as
+//! NCCL's proxy thread does when nothing progressed: the shape of a rank whose threads share
+//! one core (`taskset -c 0 cargo bench --bench transfer -- --yield`).
 
 mod common;
 
@@ -47,6 +50,15 @@ trait Side: Sync {
     fn done(&self, token: usize) -> bool;
 }
 
+/// What a side does while its operation is not done: spin, or with `-- --yield` give the core
+/// to whichever thread is waiting for it.
+fn not_yet() {
+    static YIELD: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    if *YIELD.get_or_init(|| std::env::var("NFAB_BENCH_YIELD").is_ok()) {
+        std::thread::yield_now();
+    }
+}
+
 fn drive(side: &dyn Side, bufs: &[usize], len: usize, count: usize) {
     let deadline = Instant::now() + Duration::from_secs(120);
     let mut pending = VecDeque::new();
@@ -55,6 +67,7 @@ fn drive(side: &dyn Side, bufs: &[usize], len: usize, count: usize) {
             let t = pending.pop_front().expect("non-empty");
             while !side.done(t) {
                 assert!(Instant::now() < deadline, "benchmark stalled");
+                not_yet();
             }
         }
         let slot = i % IN_FLIGHT;
@@ -64,11 +77,13 @@ fn drive(side: &dyn Side, bufs: &[usize], len: usize, count: usize) {
                 break;
             }
             assert!(Instant::now() < deadline, "benchmark stalled");
+            not_yet();
         }
     }
     for t in pending {
         while !side.done(t) {
             assert!(Instant::now() < deadline, "benchmark stalled");
+            not_yet();
         }
     }
 }
@@ -101,8 +116,11 @@ fn ping_pong(a_send: &dyn Side, a_recv: &dyn Side, b_send: &dyn Side, b_recv: &d
             if let Some(t) = side.post(0, buf as *mut u8, 8) {
                 break t;
             }
+            not_yet();
         };
-        while !side.done(t) {}
+        while !side.done(t) {
+            not_yet();
+        }
     };
     let start = Instant::now();
     std::thread::scope(|s| {
@@ -278,10 +296,14 @@ fn raw_endpoints(settings: &Settings) -> ((Arc<Endpoint>, Queue), (Arc<Endpoint>
 fn run_one(provider: &str) {
     let settings = Settings::from_env().expect("settings");
     println!(
-        "provider {provider}, libfabric {}, {IN_FLIGHT} in flight, one thread per side, raw \
+        "provider {provider}, libfabric {}, {IN_FLIGHT} in flight, one thread per side{}, raw \
          endpoints each on a domain of their own (as the plugin's); plugin: progress threads \
          {}, {} {}",
         version_string(runtime_version()),
+        match std::env::var("NFAB_BENCH_YIELD").is_ok() {
+            true => " yielding while it waits",
+            false => "",
+        },
         if settings.progress_thread {
             "yes"
         } else {
@@ -408,6 +430,7 @@ fn main() {
         .filter(|a| !a.starts_with("--"))
         .collect();
     let latency_only = std::env::args().any(|a| a == "--latency");
+    let yields = std::env::args().any(|a| a == "--yield");
     if providers.is_empty() {
         providers = vec!["tcp;ofi_rxm".into(), "shm".into()];
         if runtime_version() >= (1 << 16 | 18) {
@@ -424,6 +447,7 @@ fn main() {
             )
             .env("NCCL_FABRIC_ALLOW_NATIVE_TCP", "yes")
             .envs(latency_only.then_some(("NFAB_BENCH_LATENCY_ONLY", "1")))
+            .envs(yields.then_some(("NFAB_BENCH_YIELD", "1")))
             .status()
             .expect("run provider benchmark");
         if !status.success() {
