@@ -250,13 +250,24 @@ fn open_devices(
             nudge: !nccl_threads_only,
             spin,
         });
-        // The piece size this device's comms offer, decided once.
+        // The piece size this device's comms offer, decided once. Pieces overlap one
+        // piece's rendezvous with the others' data where threads drive the lanes; where
+        // NCCL's calls drive them, the extra messages only cost CPU (both ends sharing one
+        // core, `benches/transfer.rs --yield`: 4 MiB at 0.56-0.60x raw libfabric in pieces,
+        // 1.04-1.08x whole), so whole messages unless the size was set.
         let split = crate::quirks::pieces_pay(&c.provider, crate::fabric::runtime_version());
-        let piece = match split {
+        let by_calls = !threaded && settings.pieces_auto;
+        let piece = match split && !by_calls {
             true => settings.piece_bytes,
             false => 0,
         };
         match (split, piece) {
+            (true, _) if by_calls => tracing::info!(
+                "dev {index} {}: whole messages: NCCL's calls drive this device's lanes (no \
+                 progress threads), and there pieces cost CPU without overlapping anything \
+                 (NCCL_FABRIC_PIECE_BYTES sets a size anyway)",
+                c.domain
+            ),
             (true, p) if p >= crate::handshake::MIN_PIECE => tracing::info!(
                 "dev {index} {}: messages over {p} bytes go in up to {} pieces, {} \
                  (NCCL_FABRIC_PIECE_BYTES, NCCL_FABRIC_SPREAD; the peer's values may lower both)",

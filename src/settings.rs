@@ -156,8 +156,10 @@ pub const TABLE: &[Setting] = &[
                   takes the rest), all in flight at once, so that the provider's rendezvous \
                   and the data of one piece overlap the others'; the peers use the smaller of \
                   their values, and 0 (or under 4096) at either end sends whole messages (as \
-                  comms over shared memory, and over rxm before libfabric 2.1, always do). NCCL's default buffers make transfers of 1 MiB, \
-                  which go whole",
+                  comms over shared memory, and over rxm before libfabric 2.1, always do). \
+                  Unset, a device whose lanes NCCL's calls drive (no progress threads) sends \
+                  whole messages too: there pieces cost CPU and overlap nothing. NCCL's \
+                  default buffers make transfers of 1 MiB, which go whole",
     },
     Setting {
         name: SPREAD,
@@ -283,6 +285,9 @@ pub struct Settings {
     pub max_recvs: u64,
     /// Piece size of long messages (0: whole messages), before the peers agree.
     pub piece_bytes: u64,
+    /// `NCCL_FABRIC_PIECE_BYTES` was not set: devices whose lanes NCCL's calls drive send
+    /// whole messages (see `plugin`).
+    pub pieces_auto: bool,
     /// Lanes one comm's pieces spread over (0: every lane of the device per direction).
     pub spread: usize,
     /// Whether requests are timed (see `times`).
@@ -398,6 +403,7 @@ impl Settings {
             peer_timeout_ms: number(PEER_TIMEOUT_MS)?,
             max_recvs: number(MAX_RECVS)?,
             piece_bytes: number(PIECE_BYTES)?,
+            pieces_auto: lookup(PIECE_BYTES).is_none(),
             spread: number(SPREAD)? as usize,
             times: value(&lookup, TIMES)? == "yes",
             stall_warn_ms: number(STALL_WARN_MS)?,

@@ -799,6 +799,53 @@ fn two_processes() {
     }
 }
 
+/// Pieces where progress threads drive the lanes; whole messages where NCCL's calls drive
+/// them, unless `NCCL_FABRIC_PIECE_BYTES` asks for pieces. The INFO line says which, and the
+/// comms of both ranks send that way.
+#[test]
+fn pieces_only_where_threads_drive_unless_asked() {
+    let version = nccl_net_fabric::fabric::runtime_version();
+    let providers: Vec<&str> = data_providers()
+        .into_iter()
+        .chain(more_providers())
+        .filter(|p| nccl_net_fabric::quirks::pieces_pay(p, version))
+        .collect();
+    assert!(!providers.is_empty(), "no provider here takes pieces");
+    let by_calls = "whole messages: NCCL's calls drive this device's lanes";
+    let in_pieces = "go in up to 4 pieces";
+    for p in providers {
+        for (threads, piece, pieces) in [
+            ("no", None, false),
+            ("yes", None, true),
+            ("no", Some("1048576"), true),
+        ] {
+            let mut env = provider_env(p);
+            env.push(("NCCL_FABRIC_PROGRESS_THREAD".into(), threads.into()));
+            if let Some(bytes) = piece {
+                env.push(("NCCL_FABRIC_PIECE_BYTES".into(), bytes.into()));
+            }
+            // The test host logs like NCCL: TRACE shows the comms' debug lines.
+            env.push(("NCCL_FABRIC_LOG".into(), "debug".into()));
+            env.push(("NCCL_DEBUG".into(), "TRACE".into()));
+            let what = format!("{p}, progress threads {threads}, pieces {piece:?}");
+            for (name, f) in ranks_over(&env, &what) {
+                let log = &f.stderr;
+                assert_eq!(
+                    (log.contains(in_pieces), log.contains(by_calls)),
+                    (pieces, !pieces),
+                    "rank {name} over {what}: the INFO line\n{log}"
+                );
+                // Both comms of the rank, as both ends agreed.
+                assert_eq!(
+                    log.matches(WHOLE).count(),
+                    if pieces { 0 } else { 2 },
+                    "rank {name} over {what}: the comms' lines\n{log}"
+                );
+            }
+        }
+    }
+}
+
 /// Providers the other tests do not cover, each as two processes, with NCCL's calls driving and
 /// with progress threads: `udp;ofi_rxd` (manual progress, layered on a datagram provider, and
 /// completions without a source), and on 1.17 `sockets`, `net` and `net;ofi_rxm`.
