@@ -624,13 +624,16 @@ fn pieces_between(
     let native_tcp = env
         .iter()
         .any(|(k, v)| k == "NCCL_FABRIC_PROVIDER" && v == "tcp");
-    // libfabric 1.17 rxm and shm driven by progress threads now and then report a message
-    // longer than NCCL's buffer complete with the buffer's length (quirks: truncation unseen).
-    let threads_on_1_17 = libfabric_version() < (2, 1)
-        && env
-            .iter()
-            .any(|(k, v)| k == "NCCL_FABRIC_PROGRESS_THREAD" && v == "yes");
-    let unseen = native_tcp || threads_on_1_17;
+    // Driven by progress threads, libfabric 1.17 rxm and shm, and 2.1 rxm, now and then report
+    // a message longer than NCCL's buffer complete with the buffer's length (quirks:
+    // truncation unseen).
+    let threads = env
+        .iter()
+        .any(|(k, v)| k == "NCCL_FABRIC_PROGRESS_THREAD" && v == "yes");
+    let rxm = env
+        .iter()
+        .any(|(k, v)| k == "NCCL_FABRIC_PROVIDER" && v.contains("ofi_rxm"));
+    let unseen = native_tcp || (threads && (rxm || libfabric_version() < (2, 1)));
     let envs: Vec<Vec<(String, String)>> = pieces
         .iter()
         .enumerate()
