@@ -326,6 +326,9 @@ pub struct LaneConfig {
     /// (`None`: never, or no progress threads, or a provider whose wait object would not
     /// wake them; see `progress`).
     pub spin: Option<Duration>,
+    /// Whether each lane's domain opens on a fabric of its own (`quirks::
+    /// domain_open_races_progress`), decided once for the device.
+    pub own_fabric: bool,
 }
 
 /// How long a lane that NCCL's calls drive may go without a turn while the provider holds
@@ -613,11 +616,7 @@ impl LanePool {
 
     fn open(self: &Arc<Self>, role: Role, slot: Option<usize>) -> Result<Arc<Lane>> {
         let c = &self.config;
-        let own_fabric = crate::quirks::domain_open_races_progress(
-            &c.domain.info.info().provider(),
-            crate::fabric::runtime_version(),
-        );
-        let domain = c.domain.sibling(own_fabric)?;
+        let domain = c.domain.sibling(c.own_fabric)?;
         let sleeps = c.spin.is_some();
         let (endpoint, queue) = Endpoint::open_waitable(&domain, c.expected_answer, sleeps)?;
         if sleeps && queue.wait_fd().is_none() && !REFUSED_WAIT_TOLD.swap(true, Ordering::Relaxed) {

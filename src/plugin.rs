@@ -249,6 +249,10 @@ fn open_devices(
             schedule: Box::new(crate::control::later),
             nudge: !nccl_threads_only,
             spin,
+            own_fabric: crate::quirks::domain_open_races_progress(
+                &c.provider,
+                crate::fabric::runtime_version(),
+            ),
         });
         // The piece size this device's comms offer, decided once. Pieces overlap one
         // piece's rendezvous with the others' data where threads drive the lanes; where
