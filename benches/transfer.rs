@@ -11,6 +11,12 @@
 //! `-- --yield` makes each side yield its core whenever its operation is not done yet, as
 //! NCCL's proxy thread does when nothing progressed: the shape of a rank whose threads share
 //! one core (`taskset -c 0 cargo bench --bench transfer -- --yield`).
+//!
+//! The ping-pong runs both of its ranks in this one process, each in a thread of its own. Where
+//! the sizing gives a device one lane per direction (2 CPUs), both threads' comms of a
+//! direction share that lane and meet on it, which no rank of an NCCL job does (it drives its
+//! lanes from one proxy thread): `NCCL_FABRIC_LANES=2` gives each thread lanes of its own, the
+//! shape of a process per rank.
 
 mod common;
 

@@ -260,7 +260,9 @@ pub fn describe(
             DEFAULT_SPEED_MBPS,
             format!(
                 "default: the kernel reports no speed for {domain} ({kind}); \
-                 NCCL_FABRIC_SPEED_MBPS sets it"
+                 NCCL_FABRIC_SPEED_MBPS sets it, and NCCL sizes its channels by it \
+                 (NCCL_MIN_NCHANNELS sets them alone, without NCCL's cost model seeing \
+                 another speed)"
             ),
         )
     } else {
@@ -402,7 +404,8 @@ mod tests {
         );
         assert_eq!(eth0.speed_mbps, DEFAULT_SPEED_MBPS);
         assert!(
-            eth0.speed_source.contains("driver virtio_net"),
+            eth0.speed_source.contains("driver virtio_net")
+                && eth0.speed_source.contains("NCCL_MIN_NCHANNELS"),
             "{}",
             eth0.speed_source
         );
