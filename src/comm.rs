@@ -14,10 +14,8 @@
 //! one for each later piece at its offset. The first piece's tag says how many pieces
 //! follow (see `tags`); later pieces the message does not have are cancelled, and pieces of
 //! a message longer than the buffer are taken in by empty receives (into the overflow area),
-//! so that neither side waits on them. A comm may move its pieces over several lanes (its
-//! legs, chosen at connect): piece `j` goes on leg `j mod legs`, each leg its own connection
-//! and driver, with the comm id the receiving lane of that leg chose; the first piece (and
-//! any whole message) always goes on the first leg.
+//! so that neither side waits on them. Every piece goes on the comm's one lane: more
+//! connections at once come from more comms (NCCL's channels) over more lanes.
 //!
 //! A request is a slot of the comm, aligned to 64 bytes; the pointer NCCL gets carries the
 //! slot's generation (see `opaque::request`), so a request already reported done is refused.
@@ -52,20 +50,14 @@ pub const MAX_RECVS: usize = 8;
 pub struct Buffer {
     pub data: *mut c_void,
     pub len: usize,
-    /// The registration's descriptor on each of the comm's legs, or NULLs.
-    pub descs: Descs,
+    /// The registration's descriptor on the comm's lane, or NULL.
+    pub desc: *mut c_void,
     /// Host memory (a receive into GPU memory gets no overflow area: providers may take
     /// every piece of a receive to be of the first piece's kind).
     pub host: bool,
     /// NCCL's tag: which send a buffer of a grouped receive takes.
     pub tag: i32,
 }
-
-/// A registration's descriptor per leg of its comm (see [`Leg`]).
-pub type Descs = [*mut c_void; MAX_PIECES];
-
-/// No registration.
-pub const NO_DESCS: Descs = [std::ptr::null_mut(); MAX_PIECES];
 
 const REQUEST_MAGIC: u64 = 0x4e46_4142_5245_5132; // "NFABREQ2"
 
@@ -89,24 +81,25 @@ pub enum CommId {
     Peer(u64),
 }
 
-/// One lane a comm moves messages on (its first, or one its pieces spread over).
-pub struct Leg {
+/// Where a comm's messages go: its lane, the peer's endpoint there, the comm's id in the
+/// lane's data tags.
+pub struct Route {
     pub lane: Arc<Lane>,
-    /// The peer's endpoint of this leg, in the lane's address vector.
+    /// The peer's endpoint, in the lane's address vector.
     pub addr: sys::fi_addr_t,
-    /// The comm's id in this leg's data tags (chosen by the receiving lane).
+    /// The comm's id in the data tags (chosen by the receiving lane).
     id: u64,
     /// The receiving lane's hold on `id`.
     lease: Option<Arc<IdLease>>,
 }
 
-impl Leg {
-    pub fn new(lane: Arc<Lane>, addr: sys::fi_addr_t, id: CommId) -> Leg {
+impl Route {
+    pub fn new(lane: Arc<Lane>, addr: sys::fi_addr_t, id: CommId) -> Route {
         let (id, lease) = match id {
             CommId::Leased(l) => (l.id, Some(l)),
             CommId::Peer(id) => (id, None),
         };
-        Leg {
+        Route {
             lane,
             addr,
             id,
@@ -114,7 +107,7 @@ impl Leg {
         }
     }
 
-    /// Where a receive on this leg takes messages from.
+    /// Where a receive takes messages from.
     fn source(&self) -> sys::fi_addr_t {
         self.lane.source(self.addr)
     }
@@ -125,8 +118,7 @@ pub struct Comm {
     pub dir: Direction,
     /// The NCCL device it is on.
     pub dev: usize,
-    /// Its lanes: the first carries whole messages and first pieces (at least one).
-    legs: Box<[Leg]>,
+    route: Route,
     pub peer: PeerInfo,
     me: Identity,
     /// Messages longer than this go in pieces of it (0: whole).
@@ -142,7 +134,7 @@ pub struct Comm {
     closed: AtomicBool,
     /// A request of it failed for a reason of the peer or the connection.
     failed: AtomicBool,
-    /// The legs' count of errors without an operation, as this comm last saw it.
+    /// The lane's count of errors without an operation, as this comm last saw it.
     stray_seen: AtomicU64,
     /// Where its requests' time went (`NCCL_FABRIC_TIMES`).
     times: crate::times::Times,
@@ -234,15 +226,14 @@ pub struct Terms {
 }
 
 impl Comm {
-    /// A comm on `legs` (at least one; the first is its own lane).
+    /// A comm on `route`.
     pub fn new(
         dir: Direction,
         dev: usize,
-        legs: Vec<Leg>,
+        route: Route,
         peer: PeerInfo,
         terms: Terms,
     ) -> Arc<Self> {
-        assert!(!legs.is_empty() && legs.len() <= MAX_PIECES, "1 to 4 legs");
         let Terms {
             stall_warn,
             max_recvs,
@@ -279,13 +270,12 @@ impl Comm {
                 stall_reported: AtomicBool::new(false),
             })
             .collect();
-        let legs: Box<[Leg]> = legs.into();
-        let stray_seen = AtomicU64::new(stray_errors(&legs));
+        let stray_seen = AtomicU64::new(route.lane.health().stray_errors());
         let comm = Arc::new_cyclic(|this| Comm {
             this: this.clone(),
             dir,
             dev,
-            legs,
+            route,
             peer,
             piece,
             me: Identity::current(),
@@ -316,51 +306,25 @@ impl Comm {
 
     /// How it sends long messages, for log lines.
     pub fn pieces_text(&self) -> String {
-        match (self.piece, self.legs.len()) {
-            (0, _) => "whole messages".into(),
-            (p, 1) => format!("messages over {p} bytes in up to {MAX_PIECES} pieces"),
-            (p, n) => format!(
-                "messages over {p} bytes in up to {MAX_PIECES} pieces, spread over {n} lanes"
-            ),
+        match self.piece {
+            0 => "whole messages".into(),
+            p => format!("messages over {p} bytes in up to {MAX_PIECES} pieces"),
         }
     }
 
-    /// Its own lane: whole messages and first pieces go there.
+    /// The lane its messages go on.
     pub fn lane(&self) -> &Arc<Lane> {
-        &self.legs[0].lane
+        &self.route.lane
     }
 
-    /// Its lanes.
-    pub fn legs(&self) -> &[Leg] {
-        &self.legs
-    }
-
-    /// Which leg piece `j` of a message travels on.
-    fn leg_of(&self, j: usize) -> usize {
-        j % self.legs.len()
-    }
-
-    fn leg(&self, j: usize) -> &Leg {
-        &self.legs[self.leg_of(j)]
-    }
-
-    /// The tag of piece `j` of `count` of the message whose first leg's tag is `tag`.
-    fn piece_tag(&self, tag: u64, j: usize, count: usize) -> u64 {
-        let first = self.lane().tags.piece(tag, j, count);
-        match self.leg_of(j) {
-            0 => first,
-            k => self.legs[k].lane.tags.with_id(first, self.legs[k].id),
-        }
-    }
-
-    /// Errors of its legs' endpoints themselves.
+    /// Errors of its lane's endpoint itself.
     fn health_check(&self) -> Result<()> {
-        self.legs.iter().try_for_each(|l| l.lane.health().check())
+        self.lane().health().check()
     }
 
-    /// A driver's turn on each leg (see [`Lane::drive`]).
+    /// A driver's turn on its lane (see [`Lane::drive`]).
     fn drive(&self) -> Result<()> {
-        self.legs.iter().try_for_each(|l| l.lane.drive())
+        self.lane().drive()
     }
 
     /// This comm as the owner of an operation (it lives while NCCL holds a request of it).
@@ -401,7 +365,7 @@ impl Comm {
     /// # Safety
     /// Each buffer must be valid for its length (readable for a send, writable for a
     /// receive) until `test` reports the request done, and its `descs` NULLs or the
-    /// descriptors of a registration made on this comm (one per leg).
+    /// descriptor of a registration made on this comm.
     pub unsafe fn post(self: &Arc<Self>, bufs: &[Buffer]) -> Result<Option<*mut c_void>> {
         if self.closed.load(Ordering::Acquire) {
             return Err(Error::InvalidArgument("the comm is closed".into()));
@@ -445,15 +409,15 @@ impl Comm {
                     s
                 }
             };
-            tags[i] = self.lane().tags.data(self.legs[0].id, key, seq);
+            tags[i] = self.lane().tags.data(self.route.id, key, seq);
         }
         // Piece `j` of buffer `i`.
         let post_of = |i: usize, j: usize| {
             let (b, part) = (&bufs[i], &req.parts[i]);
             let count = pieces(b.len, self.piece);
             let (off, len) = span(b.len, self.piece, count, j);
-            let tag = self.piece_tag(tags[i], j, count);
-            let (leg, desc) = (self.leg(j), b.descs[self.leg_of(j)]);
+            let tag = self.lane().tags.piece(tags[i], j, count);
+            let desc = b.desc;
             // SAFETY: `off` lies within the buffer (see `span`).
             let at = unsafe { b.data.cast::<u8>().add(off) }.cast::<c_void>();
             let transfer = match self.dir {
@@ -461,7 +425,7 @@ impl Comm {
                     buf: at,
                     len,
                     desc,
-                    dest: leg.addr,
+                    dest: self.route.addr,
                     tag,
                 },
                 Direction::Recv => {
@@ -476,7 +440,7 @@ impl Comm {
                         buf,
                         len,
                         desc,
-                        src: leg.source(),
+                        src: self.route.source(),
                         tag,
                         ignore,
                         overflow: b.host,
@@ -512,7 +476,7 @@ impl Comm {
                 // by its `test`, which then gives the slot back.
                 for (i, b) in bufs.iter().enumerate() {
                     for j in (i == 0) as usize..pieces(b.len, self.piece) {
-                        if let Err(e) = self.leg(j).lane.enqueue(post_of(i, j)) {
+                        if let Err(e) = self.lane().enqueue(post_of(i, j)) {
                             tracing::debug!("a piece handed to a failed endpoint: {e}");
                         }
                     }
@@ -565,31 +529,29 @@ impl Comm {
         let owner: Owner = self.clone();
         let healthy =
             |c: &Comm| !c.failed.load(Ordering::Acquire) && c.peer.liveness.dead().is_none();
-        let sinks = self.dir == Direction::Recv && healthy(&self);
-        for leg in self.legs.iter() {
-            let sink = sinks.then(|| {
-                // The sink must not keep the comm (its requests) alive: a weak reference to
-                // see a failure while the comm still exists, then the peer's liveness alone.
-                let comm = Arc::downgrade(&self);
-                let peer = self.peer.liveness.clone();
-                // The id stays taken while the sink may match its messages.
-                let lease = leg.lease.clone();
-                SinkSpec {
-                    src: leg.source(),
-                    tag: leg.lane.tags.data(leg.id, 0, 0),
-                    ignore: leg.lane.tags.below_id(),
-                    alive: Box::new(move || {
-                        let _held = &lease;
-                        peer.dead().is_none()
-                            && comm
-                                .upgrade()
-                                .map_or(true, |c| !c.failed.load(Ordering::Acquire))
-                    }),
-                }
-            });
-            leg.lane.retire_owner(owner_key(&owner), sink);
-            leg.lane.release_user();
-        }
+        let route = &self.route;
+        let sink = (self.dir == Direction::Recv && healthy(&self)).then(|| {
+            // The sink must not keep the comm (its requests) alive: a weak reference to see
+            // a failure while the comm still exists, then the peer's liveness alone.
+            let comm = Arc::downgrade(&self);
+            let peer = self.peer.liveness.clone();
+            // The id stays taken while the sink may match its messages.
+            let lease = route.lease.clone();
+            SinkSpec {
+                src: route.source(),
+                tag: route.lane.tags.data(route.id, 0, 0),
+                ignore: route.lane.tags.below_id(),
+                alive: Box::new(move || {
+                    let _held = &lease;
+                    peer.dead().is_none()
+                        && comm
+                            .upgrade()
+                            .map_or(true, |c| !c.failed.load(Ordering::Acquire))
+                }),
+            }
+        });
+        route.lane.retire_owner(owner_key(&owner), sink);
+        route.lane.release_user();
     }
 
     /// For a request still in the provider's hands: one stall WARN when it waited past
@@ -617,18 +579,13 @@ impl Comm {
     /// Whether the peer lives, for something that has waited `waited` on it (probing it
     /// when that is long enough, or at once after an error of the endpoint itself).
     fn check_peer(&self, waited: Duration) -> Result<()> {
-        let stray = stray_errors(&self.legs);
+        let stray = self.lane().health().stray_errors();
         let urgent = self.stray_seen.swap(stray, Ordering::AcqRel) != stray;
         self.peer
             .liveness
             .watch(waited, urgent)
             .map_err(|why| self.peer_lost(&why))
     }
-}
-
-/// Errors without an operation that the legs' endpoints have seen.
-fn stray_errors(legs: &[Leg]) -> u64 {
-    legs.iter().map(|l| l.lane.health().stray_errors()).sum()
 }
 
 impl Request {
@@ -969,7 +926,7 @@ impl Part {
         let count = comm.lane().tags.pieces_of(self.op.tag());
         let posted = self.receive_pieces(comm);
         for j in count..posted {
-            let _ = comm.leg(j).lane.cancel(self.op_of(j));
+            let _ = comm.lane().cancel(self.op_of(j));
         }
         // A drain is an empty receive: its piece goes to the overflow area, or, where the
         // endpoint has none, the provider reports it truncated.
@@ -981,16 +938,15 @@ impl Part {
         for j in posted..count {
             let op = self.op_of(j);
             op.mark_queued();
-            let leg = comm.leg(j);
-            let _ = leg.lane.enqueue(Post {
+            let _ = comm.lane().enqueue(Post {
                 op,
                 owner: owner.clone(),
                 transfer: Transfer::Recv {
                     buf: std::ptr::null_mut(),
                     len: 0,
                     desc: std::ptr::null_mut(),
-                    src: leg.source(),
-                    tag: comm.piece_tag(tag, j, count),
+                    src: comm.route.source(),
+                    tag: comm.lane().tags.piece(tag, j, count),
                     ignore: 0,
                     overflow: true,
                 },
@@ -1001,9 +957,9 @@ impl Part {
     /// A failed receive gives up its later pieces (no message will fill them now).
     fn let_go(&self, comm: &Comm) {
         if comm.dir == Direction::Recv && !self.settled.swap(true, Ordering::AcqRel) {
-            for (j, op) in self.ops().enumerate().skip(1) {
+            for op in self.ops().skip(1) {
                 if !op.status().finished() {
-                    let _ = comm.leg(j).lane.cancel(op);
+                    let _ = comm.lane().cancel(op);
                 }
             }
         }

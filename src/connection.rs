@@ -3,24 +3,19 @@
 //!
 //! ```text
 //! listen : a random token registered on the device's control endpoint; the handle names both
-//! connect: [open sending lanes] → CONNECT to the handle's control endpoint → wait for ACK
-//! accept : wait for CONNECT → [open receiving lanes] → ACK → wait until the ACK went out
+//! connect: [open sending lane] → CONNECT to the handle's control endpoint → wait for ACK
+//! accept : wait for CONNECT → [open receiving lane] → ACK → wait until the ACK went out
 //! ```
-//! A comm that will send long messages in pieces takes the device's further lanes too (see
-//! `comm`): the CONNECT names the sender's, the ACK as many of the receiver's (with the comm
-//! id each chose), and the sender lets go of those the receiver did not match.
 //! A connect in progress lives in the device's table, keyed by the handle, so nothing it needs
 //! lives only in NCCL's handle buffer; one NCCL stops calling for is reclaimed. Between two
 //! ranks of this process the messages are handed over directly. No lock shared between
 //! connects is held while libfabric is called.
 
-use crate::comm::{Comm, CommId, Direction, Leg, PeerInfo, Terms};
+use crate::comm::{Comm, CommId, Direction, PeerInfo, Route, Terms};
 use crate::control::{self, Answer, Control, Incoming, ListenSlot, LocalConnect, Peer, Sent};
 use crate::device::{ConnectEntry, Connecting, Device};
 use crate::error::{Error, Result};
-use crate::handshake::{
-    agreed_piece, legs_field, piece_field, Handle, Kind, Record, MAX_LEGS, MIN_PIECE,
-};
+use crate::handshake::{agreed_piece, piece_field, Handle, Kind, Record};
 use crate::lane::{Lane, Role};
 use crate::nccl::NET_HANDLE_MAXSIZE;
 use crate::plugin::Plugin;
@@ -87,65 +82,36 @@ pub fn listen(
     })
 }
 
-/// How many lanes a comm of `device` asks for: its own, and those its pieces may spread
-/// over when it sends in pieces at all (pieces of `piece` bytes, offered or agreed).
-fn lanes_wanted(device: &Device, piece: u64) -> usize {
-    match piece < MIN_PIECE {
-        true => 1,
-        false => device.lanes.spread().min(1 + MAX_LEGS),
-    }
+/// What a comm is made on: its lane, the peer's endpoint name there, its id in the tags.
+struct Plan {
+    lane: Arc<Lane>,
+    peer: Vec<u8>,
+    id: CommId,
 }
 
-/// The further lanes of `lanes` as a record field: their addresses, each with the comm id
-/// this end chose there (`ids`) or 0. Lanes whose names do not fit one field are let go
-/// (the comm keeps to its first).
-fn further(lanes: &mut Vec<Arc<Lane>>, ids: &[u64]) -> Vec<u8> {
-    let legs: Vec<(u64, Vec<u8>)> = lanes[1..]
-        .iter()
-        .enumerate()
-        .map(|(k, l)| (ids.get(k).copied().unwrap_or(0), l.endpoint.name.clone()))
-        .collect();
-    match legs_field(&legs) {
-        Some(field) => field,
-        None => {
-            lanes.drain(1..).for_each(|l| l.release_user());
-            Vec::new()
-        }
-    }
-}
-
-/// One leg a comm is to have: the lane, the peer's endpoint address there, the comm id.
-type LegPlan = (Arc<Lane>, Vec<u8>, CommId);
-
-/// Makes a comm on `legs` (its own lane first), giving every lane's user back if that
-/// fails.
+/// Makes a comm on `plan`, giving the lane's user back if that fails.
 fn comm_on(
     dev: usize,
     dir: Direction,
-    legs: Vec<LegPlan>,
+    plan: Plan,
     who: crate::handshake::Identity,
     liveness: Arc<Peer>,
     piece: u64,
     plugin: &Plugin,
 ) -> Result<Arc<Comm>> {
-    let mut made = Vec::with_capacity(legs.len());
-    let mut plans = legs.into_iter();
-    for (lane, addr, id) in plans.by_ref() {
-        match lane.peer(&addr) {
-            Ok(a) => made.push(Leg::new(lane, a, id)),
-            Err(e) => {
-                lane.release_user();
-                made.iter().for_each(|l: &Leg| l.lane.release_user());
-                plans.for_each(|(l, ..)| l.release_user());
-                return Err(e);
-            }
+    let Plan { lane, peer, id } = plan;
+    let addr = match lane.peer(&peer) {
+        Ok(a) => a,
+        Err(e) => {
+            lane.release_user();
+            return Err(e);
         }
-    }
+    };
     let stall = plugin.settings.stall_warn_ms;
     Ok(Comm::new(
         dir,
         dev,
-        made,
+        Route::new(lane, addr, id),
         PeerInfo { who, liveness },
         Terms {
             stall_warn: (stall > 0).then(|| Duration::from_millis(stall)),
@@ -246,33 +212,24 @@ impl ListenComm {
         }
         let device: &Device = &plugin.devices[self.device];
         let piece = agreed_piece(device.piece, incoming.piece);
-        let wanted = lanes_wanted(device, piece).min(1 + incoming.legs.len());
-        let mut lanes = device.lanes.acquire_legs(Role::Receiving, wanted)?;
-        let leases: Vec<_> = lanes.iter().map(|l| l.lease_id()).collect();
-        let ids: Vec<u64> = leases.iter().map(|l| l.id).collect();
-        let legs = further(&mut lanes, &ids[1..]);
+        let lane = device.lanes.acquire(Role::Receiving)?;
+        let lease = lane.lease_id();
+        let id = lease.id;
         let liveness = match incoming.local {
             Some(_) => Peer::local(),
             None => self.control.peer(&incoming.reply_to),
         };
-        let receiver = Arc::downgrade(&lanes[0].endpoint);
-        let name = lanes[0].endpoint.name.clone();
-        let id = ids[0];
-        let further_lanes: Vec<(u64, Vec<u8>)> = (lanes[1..].iter())
-            .zip(&ids[1..])
-            .map(|(l, &id)| (id, l.endpoint.name.clone()))
-            .collect();
-        let peers = std::iter::once(incoming.data.clone()).chain(incoming.legs.iter().cloned());
-        let plans = lanes
-            .into_iter()
-            .zip(peers)
-            .zip(leases)
-            .map(|((lane, addr), lease)| (lane, addr, CommId::Leased(lease)))
-            .collect();
+        let receiver = Arc::downgrade(&lane.endpoint);
+        let name = lane.endpoint.name.clone();
+        let plan = Plan {
+            lane,
+            peer: incoming.data.clone(),
+            id: CommId::Leased(lease),
+        };
         let comm = comm_on(
             device.index,
             Direction::Recv,
-            plans,
+            plan,
             incoming.who,
             liveness,
             piece,
@@ -285,7 +242,6 @@ impl ListenComm {
                     who: self.control.me,
                     data: name,
                     piece,
-                    legs: further_lanes,
                     receiver: Some(receiver),
                 });
                 Sent::delivered()
@@ -296,7 +252,7 @@ impl ListenComm {
                     a: incoming.conn,
                     b: id,
                     who: self.control.me,
-                    fields: vec![name, piece_field(piece), legs],
+                    fields: vec![name, piece_field(piece)],
                 };
                 self.control.send_answer(&incoming.reply_to, ack)
             }
@@ -308,7 +264,7 @@ impl ListenComm {
     pub fn close(self) {
         self.control.unlisten(self.token);
         // An accept whose ACK was still on its way made a comm NCCL never got: it closes
-        // here, giving its lanes back.
+        // here, giving its lane back.
         if let AcceptState::WaitAckSent { comm, .. } =
             std::mem::replace(&mut *self.state.lock(), AcceptState::Done)
         {
@@ -343,7 +299,7 @@ pub fn connect(
                 state: Mutex::new(Connecting {
                     handle,
                     conn: crate::random::u64(),
-                    lanes: Vec::new(),
+                    lane: None,
                     control: None,
                     slot: Arc::default(),
                     sent: None,
@@ -375,13 +331,16 @@ fn advance(c: &mut Connecting, device: &Device, plugin: &Plugin) -> Result<Optio
             plugin.settings.connect_timeout_ms
         )));
     }
-    // Step 1: sending lanes (opening an endpoint if it is the first on its turn).
+    // Step 1: the sending lane (opening its endpoint if it is the first on its turn).
     let offered = device.piece;
-    if c.lanes.is_empty() {
-        let wanted = lanes_wanted(device, offered);
-        c.lanes = device.lanes.acquire_legs(Role::Sending, wanted)?;
-    }
-    let lane = c.lanes[0].clone();
+    let lane = match &c.lane {
+        Some(l) => l.clone(),
+        None => {
+            let l = device.lanes.acquire(Role::Sending)?;
+            c.lane = Some(l.clone());
+            l
+        }
+    };
     let control = match &c.control {
         Some(k) => k.clone(),
         None => {
@@ -401,10 +360,6 @@ fn advance(c: &mut Connecting, device: &Device, plugin: &Plugin) -> Result<Optio
                 reply_to: Vec::new(),
                 data: lane.endpoint.name.clone(),
                 piece: offered,
-                legs: c.lanes[1..]
-                    .iter()
-                    .map(|l| l.endpoint.name.clone())
-                    .collect(),
                 local: Some(LocalConnect {
                     reply: c.slot.clone(),
                     sender: Arc::downgrade(&lane.endpoint),
@@ -414,7 +369,6 @@ fn advance(c: &mut Connecting, device: &Device, plugin: &Plugin) -> Result<Optio
                 .connect_locally(c.handle.token, incoming)
                 .map_err(Error::Remote)?;
         } else {
-            let legs = further(&mut c.lanes, &[]);
             let connect = Record {
                 kind: Kind::Connect,
                 a: c.handle.token,
@@ -424,7 +378,6 @@ fn advance(c: &mut Connecting, device: &Device, plugin: &Plugin) -> Result<Optio
                     control.address.clone(),
                     lane.endpoint.name.clone(),
                     piece_field(offered),
-                    legs,
                 ],
             };
             control.send_connect(&c.handle.addr, connect, c.slot.clone());
@@ -433,7 +386,7 @@ fn advance(c: &mut Connecting, device: &Device, plugin: &Plugin) -> Result<Optio
     // Step 3: the answer. None of the providers reports a refused connection (rxm and tcp
     // retry, shm waits for the name to appear): one that has not answered for a while is
     // checked once.
-    let (id, who, data_addr, piece, legs, receiver) = match c.slot.take() {
+    let (id, who, data_addr, piece, receiver) = match c.slot.take() {
         None if !local
             && !c.checked
             && c.sent.is_some_and(|t| t.elapsed() >= REFUSAL_CHECK_AFTER) =>
@@ -459,9 +412,8 @@ fn advance(c: &mut Connecting, device: &Device, plugin: &Plugin) -> Result<Optio
             who,
             data,
             piece,
-            legs,
             receiver,
-        }) => (id, who, data, piece, legs, receiver),
+        }) => (id, who, data, piece, receiver),
     };
     if let Some(r) = receiver {
         if crate::quirks::sender_waits_for_receiver(&lane.endpoint.provider) {
@@ -472,36 +424,18 @@ fn advance(c: &mut Connecting, device: &Device, plugin: &Plugin) -> Result<Optio
         true => Peer::local(),
         false => control.peer(&c.handle.addr),
     };
-    let mut lanes = std::mem::take(&mut c.lanes);
-    let offered_legs = lanes.len() - 1;
+    let lane = c.lane.take().expect("acquired in step 1");
     // The listener agreed it, from the offer above: never more than this end offers.
     let piece = agreed_piece(offered, piece);
-    if legs.len() >= lanes.len() || (piece == 0 && !legs.is_empty()) {
-        lanes.into_iter().for_each(|l| l.release_user());
-        return Err(Error::Remote(format!(
-            "the listener answered with {} further lanes for a comm that offered {}{}: not \
-             this plugin, or not in step with it",
-            legs.len(),
-            offered_legs,
-            if piece == 0 {
-                " and whole messages"
-            } else {
-                ""
-            }
-        )));
-    }
-    // Lanes the listener did not match go back.
-    lanes.drain(1 + legs.len()..).for_each(|l| l.release_user());
-    let peers = std::iter::once((id, data_addr)).chain(legs);
-    let plans = lanes
-        .into_iter()
-        .zip(peers)
-        .map(|(lane, (id, addr))| (lane, addr, CommId::Peer(id)))
-        .collect();
+    let plan = Plan {
+        lane,
+        peer: data_addr,
+        id: CommId::Peer(id),
+    };
     let comm = comm_on(
         device.index,
         Direction::Send,
-        plans,
+        plan,
         who,
         liveness,
         piece,

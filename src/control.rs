@@ -205,9 +205,6 @@ pub struct Incoming {
     pub data: Vec<u8>,
     /// The piece size the connector offers (see `handshake::agreed_piece`).
     pub piece: u64,
-    /// The addresses of the connector's further sending lanes (see `comm`: pieces spread
-    /// over them).
-    pub legs: Vec<Vec<u8>>,
     /// Set for a connect from this same process.
     pub local: Option<LocalConnect>,
 }
@@ -250,8 +247,6 @@ pub enum Answer {
         data: Vec<u8>,
         /// The piece size both ends use.
         piece: u64,
-        /// The listener's further receiving lanes: comm id and address of each.
-        legs: Vec<(u64, Vec<u8>)>,
         /// For a listener in this process: its receiving lane's endpoint.
         receiver: Option<Weak<Endpoint>>,
     },
@@ -838,7 +833,6 @@ impl Station {
                 reply_to,
                 data,
                 piece,
-                legs,
             } => {
                 let slot = control.listeners.lock().get(&token).cloned();
                 let offered = match slot {
@@ -848,7 +842,6 @@ impl Station {
                         reply_to: reply_to.clone(),
                         data,
                         piece,
-                        legs: legs.into_iter().map(|(_, addr)| addr).collect(),
                         local: None,
                     }),
                     None => Err("no listen comm has that handle (closed, or stale)"),
@@ -874,14 +867,12 @@ impl Station {
                 who,
                 data,
                 piece,
-                legs,
             } => match control.connects.lock().remove(&conn) {
                 Some(s) => s.answer(Answer::Ack {
                     id,
                     who,
                     data,
                     piece,
-                    legs,
                     receiver: None,
                 }),
                 None => self.note_bad("an ACK for no connect in progress (stale, or forged)"),

@@ -39,14 +39,13 @@ pub struct Properties {
 }
 
 /// A connect in progress (its steps are in `connection`). Dropping it gives back what it
-/// holds: its lanes, and its place in the control endpoint's table of answers awaited.
+/// holds: its lane, and its place in the control endpoint's table of answers awaited.
 pub struct Connecting {
     pub handle: Handle,
     /// Random: the id the listener's answer names.
     pub conn: u64,
-    /// Its sending lanes once acquired: its own first, then those its pieces may spread
-    /// over.
-    pub lanes: Vec<Arc<Lane>>,
+    /// Its sending lane once acquired.
+    pub lane: Option<Arc<Lane>>,
     pub control: Option<Arc<Control>>,
     pub slot: Arc<ConnectSlot>,
     /// When the CONNECT went out: the timeout counts from then (opening this side's
@@ -62,7 +61,7 @@ impl Drop for Connecting {
         if let Some(c) = &self.control {
             c.forget_connect(self.conn);
         }
-        for lane in self.lanes.drain(..) {
+        if let Some(lane) = self.lane.take() {
             lane.release_user();
         }
     }

@@ -4,9 +4,8 @@
 //! ```text
 //! listen  : handle  {listen token, control nonce, owner host/pid, control address}
 //! connect : CONNECT {listen token, conn id, sender host/pid, sender control + data address,
-//!                    piece size offered, the sender's further lanes} ──▶
-//! accept  : ◀── ACK {conn id, comm id, receiver host/pid, receiver data address, piece size,
-//!                    the receiver's further lanes with their comm ids}
+//!                    piece size offered} ──▶
+//! accept  : ◀── ACK {conn id, comm id, receiver host/pid, receiver data address, piece size}
 //!           ◀── NACK {conn id, reason}   (no such listen comm, or already connected)
 //! liveness: PING {token, reply address} ──▶   ◀── PONG {token}
 //! ```
@@ -17,14 +16,14 @@ use crate::error::{Error, Result};
 use crate::nccl::NET_HANDLE_MAXSIZE;
 
 pub const MAGIC: u32 = 0x4e46_4142; // "NFAB"
-pub const VERSION: u8 = 4;
+pub const VERSION: u8 = 5;
 
 const HEADER: usize = 40;
 /// Longest address a record field may carry: the longest endpoint name of any provider
 /// (ucx: 1024 bytes).
 pub const MAX_ADDR: usize = 1024;
-/// Most byte fields a record has.
-pub const MAX_FIELDS: usize = 4;
+/// Most byte fields a record has (a CONNECT: control address, data address, piece size).
+pub const MAX_FIELDS: usize = 3;
 /// Size of a control message buffer: the header and the most fields, each of the longest
 /// address. A message goes out only as long as its record ([`Record::encoded_len`]).
 pub const MSG_SIZE: usize = HEADER + MAX_FIELDS * (2 + MAX_ADDR);
@@ -298,49 +297,6 @@ pub fn piece_field(bytes: u64) -> Vec<u8> {
     bytes.to_le_bytes().to_vec()
 }
 
-/// A comm's lanes after its first (see `comm`: pieces spread over them), as a record field:
-/// per lane its comm id (0 in a CONNECT, where the receiver has not chosen them yet), the
-/// length of its endpoint's address (u16) and the address. `None` when they do not fit one
-/// field: the comm then keeps to its first lane.
-pub fn legs_field(legs: &[(u64, Vec<u8>)]) -> Option<Vec<u8>> {
-    let mut out = Vec::new();
-    for (id, addr) in legs {
-        out.extend_from_slice(&id.to_le_bytes());
-        out.extend_from_slice(&u16::try_from(addr.len()).ok()?.to_le_bytes());
-        out.extend_from_slice(addr);
-    }
-    (out.len() <= MAX_ADDR).then_some(out)
-}
-
-/// Most lanes after its first that a comm's pieces spread over.
-pub const MAX_LEGS: usize = crate::tags::MAX_PIECES - 1;
-
-/// Reads a [`legs_field`], every address held to `shape`.
-fn read_legs(field: &[u8], shape: &Shape, what: &str) -> Result<Vec<(u64, Vec<u8>)>> {
-    let bad = |why: String| Error::InvalidArgument(format!("malformed {what}: {why}"));
-    let mut legs = Vec::new();
-    let mut rest = field;
-    while !rest.is_empty() {
-        if legs.len() == MAX_LEGS {
-            return Err(bad(format!("more than {MAX_LEGS} further lanes")));
-        }
-        let (head, tail) = rest
-            .split_at_checked(10)
-            .ok_or_else(|| bad("a further lane cut short".into()))?;
-        let id = u64::from_le_bytes(head[..8].try_into().expect("8"));
-        let len = usize::from(u16::from_le_bytes([head[8], head[9]]));
-        let (addr, tail) = tail
-            .split_at_checked(len)
-            .ok_or_else(|| bad(format!("a further lane's address of {len} bytes cut short")))?;
-        shape
-            .check(addr)
-            .map_err(|e| bad(format!("a further lane: {e}")))?;
-        legs.push((id, addr.to_vec()));
-        rest = tail;
-    }
-    Ok(legs)
-}
-
 /// Smallest piece size used: below it messages go whole (pieces of a few bytes only cost).
 pub const MIN_PIECE: u64 = 4096;
 
@@ -367,18 +323,14 @@ pub enum Message {
         data: Vec<u8>,
         /// The piece size the connector offers (0: none; a peer without the field).
         piece: u64,
-        /// The connector's further sending lanes (ids 0), if it offers to spread pieces.
-        legs: Vec<(u64, Vec<u8>)>,
     },
-    /// Connect `conn` accepted: send to comm `id` at `data`, in pieces of `piece` bytes,
-    /// pieces after the first also over the further lanes `legs` (each with its comm id).
+    /// Connect `conn` accepted: send to comm `id` at `data`, in pieces of `piece` bytes.
     Ack {
         conn: u64,
         id: u64,
         who: Identity,
         data: Vec<u8>,
         piece: u64,
-        legs: Vec<(u64, Vec<u8>)>,
     },
     /// Connect `conn` refused, and why.
     Nack {
@@ -423,11 +375,6 @@ impl Message {
                     }),
             }
         };
-        let legs = |i: usize| -> Result<Vec<(u64, Vec<u8>)>> {
-            r.fields
-                .get(i)
-                .map_or(Ok(Vec::new()), |f| read_legs(f, data, &what))
-        };
         Ok(match r.kind {
             Kind::Connect => Message::Connect {
                 token: r.a,
@@ -436,7 +383,6 @@ impl Message {
                 reply_to: address(0, control)?,
                 data: address(1, data)?,
                 piece: number(2)?,
-                legs: legs(3)?,
             },
             Kind::Ack => Message::Ack {
                 conn: r.a,
@@ -444,7 +390,6 @@ impl Message {
                 who: r.who,
                 data: address(0, data)?,
                 piece: number(1)?,
-                legs: legs(2)?,
             },
             Kind::Nack => Message::Nack {
                 conn: r.a,
@@ -490,27 +435,6 @@ mod tests {
         );
         assert_eq!(agreed_piece(1 << 20, u64::MAX), 1 << 20);
         assert_eq!(agreed_piece(MIN_PIECE, MIN_PIECE), MIN_PIECE);
-    }
-
-    #[test]
-    fn further_lanes_round_trip_and_are_checked() {
-        use crate::address::Shape;
-        let shape = Shape::of(crate::sys::FI_FORMAT_UNSPEC, &[1; 16]);
-        let legs = vec![(7u64, vec![1u8; 16]), (9, vec![2; 16])];
-        let field = legs_field(&legs).unwrap();
-        assert_eq!(read_legs(&field, &shape, "ACK").unwrap(), legs);
-        assert_eq!(read_legs(&[], &shape, "ACK").unwrap(), vec![]);
-        let cut = read_legs(&field[..field.len() - 1], &shape, "ACK").unwrap_err();
-        assert!(cut.to_string().contains("cut short"), "{cut}");
-        let odd = legs_field(&[(1, vec![1; 15])]).unwrap();
-        assert!(read_legs(&odd, &shape, "ACK").is_err(), "another shape");
-        let many = legs_field(&vec![(1, vec![1; 16]); MAX_LEGS + 1]).unwrap();
-        let e = read_legs(&many, &shape, "ACK").unwrap_err().to_string();
-        assert!(e.contains("more than"), "{e}");
-        assert!(
-            legs_field(&[(1, vec![0; MAX_ADDR])]).is_none(),
-            "too long for a field"
-        );
     }
 
     fn sample() -> Handle {
@@ -631,9 +555,7 @@ mod tests {
             .to_string();
         assert!(err.contains("not an address of this provider"), "{err}");
         let mut full = r.clone();
-        full.fields.push(vec![3; MAX_ADDR]);
-        full.fields.push(vec![4; MAX_ADDR]);
-        full.fields[0] = vec![3; MAX_ADDR];
+        full.fields = vec![vec![3; MAX_ADDR]; MAX_FIELDS];
         assert_eq!(
             full.encoded_len(),
             MSG_SIZE,

@@ -9,16 +9,13 @@
 //! Comms of a device share `NCCL_FABRIC_LANES` receiving and as many sending lanes, handed
 //! out in turn (receiving and sending apart, so two ranks of one process never send to their
 //! own endpoint, which some providers cannot), or get a lane each
-//! (`NCCL_FABRIC_ENDPOINTS=comm`). With `NCCL_FABRIC_SPREAD` above 1, a send or receive
-//! comm whose messages go in pieces also takes the lanes after its own, so that its pieces
-//! move on several connections, each with its own driver (never with a lane per comm). A
-//! lane counts its users (comms and registrations). When
-//! the last user of a shared lane goes, the lane stays in its slot for
-//! `NCCL_FABRIC_LANE_LINGER_MS`, so that the next communicator (NCCL makes and destroys
-//! them one after another) finds it open and connected; a lane of one comm waits as long
-//! among the pool's spares for the next comm. A lane idle that long leaves the pool, and its
-//! driver closes the endpoint, or, if the provider still holds operations, is handed to the
-//! control thread to finish the job.
+//! (`NCCL_FABRIC_ENDPOINTS=comm`); a comm moves all its messages on its one lane. A lane
+//! counts its users (comms and registrations). When the last user of a shared lane goes,
+//! the lane stays in its slot for `NCCL_FABRIC_LANE_LINGER_MS`, so that the next
+//! communicator (NCCL makes and destroys them one after another) finds it open and
+//! connected; a lane of one comm waits as long among the pool's spares for the next comm. A
+//! lane idle that long leaves the pool, and its driver closes the endpoint, or, if the
+//! provider still holds operations, is handed to the control thread to finish the job.
 
 use crate::driver::{Command, Driver, Health, Inbox, Post};
 use crate::endpoint::Endpoint;
@@ -309,8 +306,6 @@ pub struct LaneConfig {
     pub expected_answer: Option<i32>,
     pub threaded: bool,
     pub lanes: usize,
-    /// Lanes one comm's pieces spread over, its own first (see [`LanePool::spread`]).
-    pub spread: usize,
     pub per_comm: bool,
     /// The device's name, for log lines.
     pub label: String,
@@ -386,38 +381,6 @@ impl LanePool {
             spare: Mutex::new([Vec::new(), Vec::new()]),
             nudging: AtomicBool::new(false),
         })
-    }
-
-    /// Lanes one comm's pieces may spread over, its own first: the config's `spread`, never
-    /// more than the pool has per role (a lane per comm keeps to its own).
-    pub fn spread(&self) -> usize {
-        match self.config.per_comm {
-            true => 1,
-            false => {
-                (self.config.spread).clamp(1, self.config.lanes.clamp(1, crate::tags::MAX_PIECES))
-            }
-        }
-    }
-
-    /// Up to `n` lanes for a new comm: the one whose turn it is, then those after it in the
-    /// pool. Only the first must open; the comm goes without the others when they fail.
-    pub fn acquire_legs(self: &Arc<Self>, role: Role, n: usize) -> Result<Vec<Arc<Lane>>> {
-        let first = self.acquire(role)?;
-        let (Some(slot), n) = (first.slot, n.min(self.spread())) else {
-            return Ok(vec![first]);
-        };
-        let mut legs = vec![first];
-        for k in 1..n {
-            let index = (slot + k) % self.config.lanes.max(1);
-            match self.acquire_slot(role, index) {
-                Ok(lane) => legs.push(lane),
-                Err(e) => {
-                    tracing::debug!("a further lane for a comm could not open: {e}");
-                    break;
-                }
-            }
-        }
-        Ok(legs)
     }
 
     /// A lane for a new comm, opened if its turn has none yet. The pool's lock is not held

@@ -232,16 +232,11 @@ fn open_devices(
             ),
             (false, _) => {}
         }
-        let spread = match settings.spread {
-            0 => settings.lanes,
-            n => n,
-        };
         let lanes = LanePool::new(LaneConfig {
             domain: domain.clone(),
             expected_answer,
             threaded,
             lanes: settings.lanes,
-            spread,
             per_comm: per_comm(&settings, &c.provider),
             label: c.domain.clone(),
             adopt: Box::new(move |d| crate::control::adopt(d, Instant::now() + close_after)),
@@ -273,14 +268,10 @@ fn open_devices(
                 c.domain
             ),
             (true, p) if p >= crate::handshake::MIN_PIECE => tracing::info!(
-                "dev {index} {}: messages over {p} bytes go in up to {} pieces, {} \
-                 (NCCL_FABRIC_PIECE_BYTES, NCCL_FABRIC_SPREAD; the peer's values may lower both)",
+                "dev {index} {}: messages over {p} bytes go in up to {} pieces on their \
+                 comm's lane (NCCL_FABRIC_PIECE_BYTES; the peer's value may lower it)",
                 c.domain,
                 crate::tags::MAX_PIECES,
-                match lanes.spread() {
-                    1 => "each comm's on its own lane".to_string(),
-                    n => format!("spread over up to {n} lanes"),
-                }
             ),
             (true, _) => tracing::info!(
                 "dev {index} {}: whole messages (NCCL_FABRIC_PIECE_BYTES below {})",

@@ -44,7 +44,6 @@ pub const LANES: &str = "NCCL_FABRIC_LANES";
 pub const PEER_TIMEOUT_MS: &str = "NCCL_FABRIC_PEER_TIMEOUT_MS";
 pub const MAX_RECVS: &str = "NCCL_FABRIC_MAX_RECVS";
 pub const PIECE_BYTES: &str = "NCCL_FABRIC_PIECE_BYTES";
-pub const SPREAD: &str = "NCCL_FABRIC_SPREAD";
 pub const TIMES: &str = "NCCL_FABRIC_TIMES";
 pub const CONTROL_PROVIDER: &str = "NCCL_FABRIC_CONTROL_PROVIDER";
 
@@ -162,19 +161,6 @@ pub const TABLE: &[Setting] = &[
                   default buffers make transfers of 1 MiB, which go whole",
     },
     Setting {
-        name: SPREAD,
-        kind: Kind::Number { min: 0, max: 4 },
-        default: "1",
-        meaning: "how many of the device's lanes a comm's pieces travel on (see \
-                  NCCL_FABRIC_PIECE_BYTES): piece i of a message goes on the i-th of them in \
-                  turn, each lane its own connection and driver, as NCCL's Socket spreads a \
-                  transfer over its sockets; for networks that cap each TCP flow. 0 = every \
-                  lane of the device per direction (NCCL_FABRIC_LANES, at most 4); the peers \
-                  use the fewer. Each of these lanes then holds a registration of every buffer \
-                  NCCL registers on the comm. Whole messages, and comms with an endpoint \
-                  each (NCCL_FABRIC_ENDPOINTS=comm), keep to one lane",
-    },
-    Setting {
         name: TIMES,
         kind: Kind::Choice(&["no", "yes"]),
         default: "no",
@@ -288,8 +274,6 @@ pub struct Settings {
     /// `NCCL_FABRIC_PIECE_BYTES` was not set: devices whose lanes NCCL's calls drive send
     /// whole messages (see `plugin`).
     pub pieces_auto: bool,
-    /// Lanes one comm's pieces spread over (0: every lane of the device per direction).
-    pub spread: usize,
     /// Whether requests are timed (see `times`).
     pub times: bool,
     pub stall_warn_ms: u64,
@@ -404,7 +388,6 @@ impl Settings {
             max_recvs: number(MAX_RECVS)?,
             piece_bytes: number(PIECE_BYTES)?,
             pieces_auto: lookup(PIECE_BYTES).is_none(),
-            spread: number(SPREAD)? as usize,
             times: value(&lookup, TIMES)? == "yes",
             stall_warn_ms: number(STALL_WARN_MS)?,
             speed_mbps: number(SPEED_MBPS)?,

@@ -110,11 +110,6 @@ impl Tags {
     pub fn whole(&self, first: u64) -> u64 {
         first & !(PIECE_MASK | LATER)
     }
-    /// The same tag for comm `id`: a piece that travels on another lane of the comm (see
-    /// `comm`) carries the id the receiving lane there chose.
-    pub fn with_id(&self, tag: u64, id: u64) -> u64 {
-        (tag & self.below_id()) | ((id & self.id_mask) << (SEQ_BITS + self.tag_bits))
-    }
     /// How many pieces a message has, from the tag its first piece arrived with.
     pub fn pieces_of(&self, first: u64) -> usize {
         ((first & PIECE_MASK) >> PIECE_SHIFT) as usize + 1
@@ -177,9 +172,7 @@ mod tests {
             }
             for i in 1..MAX_PIECES {
                 let later = t.piece(tag, i, MAX_PIECES);
-                let elsewhere = t.with_id(later, 9);
-                assert_eq!(elsewhere, t.piece(t.data(9, 3, seq), i, MAX_PIECES));
-                assert_eq!(t.with_id(elsewhere, 5), later, "only the id changes");
+                assert_eq!(later & !t.below_id(), tag & !t.below_id(), "same comm");
                 assert_ne!(later & !t.first_piece_ignores(), tag, "no first piece");
                 assert!(seen.insert(later));
             }

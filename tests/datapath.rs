@@ -641,7 +641,6 @@ fn pieces_between(
             let mut env = env.to_vec();
             env.push(("NCCL_FABRIC_PIECE_BYTES".into(), bytes.to_string()));
             env.push(("NCCL_FABRIC_LANES".into(), lanes[k].to_string()));
-            env.push(("NCCL_FABRIC_SPREAD".into(), "0".into()));
             env.push(("NCCL_FABRIC_TIMES".into(), "yes".into()));
             env.push(("NCCL_FABRIC_LOG".into(), "debug".into()));
             env.push(("NCCL_DEBUG".into(), "TRACE".into()));
@@ -702,12 +701,11 @@ fn pieces_between(
 /// How the connect and accept lines end for a comm that sends whole messages.
 const WHOLE: &str = "; whole messages";
 
-/// Each comm's pieces spread over its ranks' lanes (`NCCL_FABRIC_SPREAD=0`): one rank has 3
-/// per direction, the other 2, so every comm has 2 (the sender with 3 lets its third go), and
-/// the 4 pieces of a long message take them in turn.
+/// Long messages go in the pieces both ends offered, on each comm's one lane, whatever the
+/// lanes each rank has (3 per direction at one, 2 at the other).
 #[test]
 fn long_messages_go_in_pieces_both_ends_agree_on() {
-    let split = format!("messages over {PIECE} bytes in up to 4 pieces, spread over 2 lanes");
+    let split = format!("messages over {PIECE} bytes in up to 4 pieces");
     let mut providers = provider_envs();
     providers.extend(
         more_providers()
@@ -726,8 +724,7 @@ fn long_messages_go_in_pieces_both_ends_agree_on() {
         for log in pieces_between(&env, [&piece, &piece], ["3", "2"], &p) {
             assert!(
                 log.matches(&split).count() == pieces && log.matches(WHOLE).count() == whole,
-                "over {p}: both comms of each rank send in pieces over 2 lanes (whole over \
-                 shm): {log}"
+                "over {p}: both comms of each rank send in pieces (whole over shm): {log}"
             );
             // NCCL_FABRIC_TIMES: each comm said where its requests' time went.
             for comm in ["send comm to", "receive comm from"] {
