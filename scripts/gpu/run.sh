@@ -864,20 +864,26 @@ threads_cmd() {
   local how fab=(NCCL_NET=Fabric NCCL_NET_PLUGIN="$PLUGIN_LIB/libnccl-net-fabric.so")
   case $1 in
     # shellcheck disable=SC2207
+    socket) how=($(socket)) ;;
+    # shellcheck disable=SC2207
     socket2x8) how=($(socket_shape socket2x8)) ;;
     fabric) how=("${fab[@]}") ;;
     fabric-spin) how=("${fab[@]}" NCCL_FABRIC_PROGRESS_SPIN_US=10000000) ;;
     fabric-sleep50) how=("${fab[@]}" NCCL_FABRIC_PROGRESS_SPIN_US=50) ;;
   esac
-  cmd=(timeout -k 10 "$TIMEOUT" mpirun --allow-run-as-root --bind-to none -np 2
+  # shellcheck disable=SC2206
+  cmd=(timeout -k 10 "$TIMEOUT" mpirun --allow-run-as-root ${THREADS_BIND:---bind-to none} -np 2
     bash -c "$AS_HOST_SH" _ NCCL_DEBUG=INFO NCCL_DEBUG_SUBSYS=INIT,NET "${how[@]}"
     "$NCCL_TESTS_MPI_DIR/all_reduce_perf" -b 1G -e 1G -g 1 -n "${THREADS_ITERS:-40}" -w 5)
 }
 
 # threads: where the CPU goes at 1 GiB, two ranks as two hosts, all_reduce_perf -b 1G -e 1G
-# -n $THREADS_ITERS (40): CPU seconds by thread name (scripts/gpu/threads.py) for Socket 2x8,
-# the plugin as it sizes itself and with threads that never sleep; where perf is installed (or comes in $PERF_TARBALL), a
-# profile of both runs by thread and shared object, and by thread and symbol.
+# -n $THREADS_ITERS (40): CPU seconds by thread name (scripts/gpu/threads.py) for each of
+# $THREADS_RUNS (default: Socket 2x8, the plugin as it sizes itself and with threads that never
+# sleep; also known: socket, fabric-sleep50); where perf is installed (or comes in
+# $PERF_TARBALL), a profile of each of $PERF_RUNS (socket2x8 fabric) by thread and shared
+# object, and by thread and symbol. THREADS_BIND replaces mpirun's "--bind-to none"
+# ("--bind-to core": one core per rank).
 stage_threads() {
   plugin_env
   start_mps
@@ -887,7 +893,7 @@ stage_threads() {
     threads_cmd "$name"
     {
       echo
-      echo "## CPU by thread: $name, all_reduce_perf 1 GiB x ${THREADS_ITERS:-40}, two ranks as two hosts"
+      echo "## CPU by thread: $name, all_reduce_perf 1 GiB x ${THREADS_ITERS:-40}, two ranks as two hosts, mpirun ${THREADS_BIND:---bind-to none}"
     } >>"$summary"
     python3 scripts/gpu/threads.py "$summary" "${cmd[@]}" >"$OUT/logs/threads-$name.log" 2>&1
     awk '$1 == 1073741824 && NF >= 13 {print "busbw at 1 GiB: " $8 " GB/s (out of place), " $12 " (in place)"}' \
@@ -895,7 +901,7 @@ stage_threads() {
   done
   perf_setup
   if command -v perf >/dev/null; then
-    for name in socket2x8 fabric; do
+    for name in ${PERF_RUNS:-socket2x8 fabric}; do
       log "perf over $name"
       threads_cmd "$name"
       # System-wide where the kernel lets us, else the run's processes and their children.
@@ -906,7 +912,7 @@ stage_threads() {
           >>"$OUT/logs/perf-$name.log" 2>&1
       {
         echo
-        echo "## perf, $name (all_reduce_perf 1 GiB, 499 Hz): by thread and object, then by thread and symbol"
+        echo "## perf, $name (all_reduce_perf 1 GiB, 499 Hz, mpirun ${THREADS_BIND:---bind-to none}): by thread and object, then by thread and symbol"
         awk '$1 == 1073741824 && NF >= 13 {print "busbw at 1 GiB: " $8 " GB/s"}' "$OUT/logs/perf-$name.log"
         echo '```'
         perf report -i "$work/perf-$name.data" --no-children --sort comm,dso --stdio 2>&1 | grep -v '^#' | grep -v '^$' | head -n 30
