@@ -970,13 +970,17 @@ fn two_processes_over_ucx() {
         ],
     );
     let (a, b) = pair_on_hosts(&hosts, "child_process_rank", &env, child_timeout());
-    for (name, f) in [("a", a.finish()), ("b", b.finish())] {
+    let ranks = [("a", a.finish()), ("b", b.finish())];
+    for (k, (name, f)) in ranks.iter().enumerate() {
+        // Both ranks' output: a rank that waits out its deadline is often the one whose peer
+        // went wrong first.
+        let (other, g) = &ranks[1 - k];
         assert!(
             f.success,
-            "rank {name} over ucx on two hosts failed\n{}\n{}",
-            f.stdout, f.stderr
+            "rank {name} over ucx on two hosts failed\n{}\n{}\n--- rank {other} (success {})\n{}\n{}",
+            f.stdout, f.stderr, g.success, g.stdout, g.stderr
         );
-        expect_route(&f, "on two hosts", IFACE);
+        expect_route(f, "on two hosts", IFACE);
     }
 }
 
