@@ -81,25 +81,25 @@ pub enum CommId {
     Peer(u64),
 }
 
-/// Where a comm's messages go: its lane, the peer's endpoint there, the comm's id in the
-/// lane's data tags.
-pub struct Route {
-    pub lane: Arc<Lane>,
+/// What a comm's messages travel on: its lane, the peer's endpoint there, the comm's id in
+/// the lane's data tags.
+pub struct Wire {
+    lane: Arc<Lane>,
     /// The peer's endpoint, in the lane's address vector.
-    pub addr: sys::fi_addr_t,
+    addr: sys::fi_addr_t,
     /// The comm's id in the data tags (chosen by the receiving lane).
     id: u64,
     /// The receiving lane's hold on `id`.
     lease: Option<Arc<IdLease>>,
 }
 
-impl Route {
-    pub fn new(lane: Arc<Lane>, addr: sys::fi_addr_t, id: CommId) -> Route {
+impl Wire {
+    pub fn new(lane: Arc<Lane>, addr: sys::fi_addr_t, id: CommId) -> Wire {
         let (id, lease) = match id {
             CommId::Leased(l) => (l.id, Some(l)),
             CommId::Peer(id) => (id, None),
         };
-        Route {
+        Wire {
             lane,
             addr,
             id,
@@ -118,7 +118,7 @@ pub struct Comm {
     pub dir: Direction,
     /// The NCCL device it is on.
     pub dev: usize,
-    route: Route,
+    wire: Wire,
     pub peer: PeerInfo,
     me: Identity,
     /// Messages longer than this go in pieces of it (0: whole).
@@ -226,14 +226,8 @@ pub struct Terms {
 }
 
 impl Comm {
-    /// A comm on `route`.
-    pub fn new(
-        dir: Direction,
-        dev: usize,
-        route: Route,
-        peer: PeerInfo,
-        terms: Terms,
-    ) -> Arc<Self> {
+    /// A comm on `wire`.
+    pub fn new(dir: Direction, dev: usize, wire: Wire, peer: PeerInfo, terms: Terms) -> Arc<Self> {
         let Terms {
             stall_warn,
             max_recvs,
@@ -270,12 +264,12 @@ impl Comm {
                 stall_reported: AtomicBool::new(false),
             })
             .collect();
-        let stray_seen = AtomicU64::new(route.lane.health().stray_errors());
+        let stray_seen = AtomicU64::new(wire.lane.health().stray_errors());
         let comm = Arc::new_cyclic(|this| Comm {
             this: this.clone(),
             dir,
             dev,
-            route,
+            wire,
             peer,
             piece,
             me: Identity::current(),
@@ -314,7 +308,7 @@ impl Comm {
 
     /// The lane its messages go on.
     pub fn lane(&self) -> &Arc<Lane> {
-        &self.route.lane
+        &self.wire.lane
     }
 
     /// Errors of its lane's endpoint itself.
@@ -364,7 +358,7 @@ impl Comm {
     ///
     /// # Safety
     /// Each buffer must be valid for its length (readable for a send, writable for a
-    /// receive) until `test` reports the request done, and its `descs` NULLs or the
+    /// receive) until `test` reports the request done, and its `desc` NULL or the
     /// descriptor of a registration made on this comm.
     pub unsafe fn post(self: &Arc<Self>, bufs: &[Buffer]) -> Result<Option<*mut c_void>> {
         if self.closed.load(Ordering::Acquire) {
@@ -409,7 +403,7 @@ impl Comm {
                     s
                 }
             };
-            tags[i] = self.lane().tags.data(self.route.id, key, seq);
+            tags[i] = self.lane().tags.data(self.wire.id, key, seq);
         }
         // Piece `j` of buffer `i`.
         let post_of = |i: usize, j: usize| {
@@ -417,15 +411,14 @@ impl Comm {
             let count = pieces(b.len, self.piece);
             let (off, len) = span(b.len, self.piece, count, j);
             let tag = self.lane().tags.piece(tags[i], j, count);
-            let desc = b.desc;
             // SAFETY: `off` lies within the buffer (see `span`).
             let at = unsafe { b.data.cast::<u8>().add(off) }.cast::<c_void>();
             let transfer = match self.dir {
                 Direction::Send => Transfer::Send {
                     buf: at,
                     len,
-                    desc,
-                    dest: self.route.addr,
+                    desc: b.desc,
+                    dest: self.wire.addr,
                     tag,
                 },
                 Direction::Recv => {
@@ -439,8 +432,8 @@ impl Comm {
                     Transfer::Recv {
                         buf,
                         len,
-                        desc,
-                        src: self.route.source(),
+                        desc: b.desc,
+                        src: self.wire.source(),
                         tag,
                         ignore,
                         overflow: b.host,
@@ -529,18 +522,18 @@ impl Comm {
         let owner: Owner = self.clone();
         let healthy =
             |c: &Comm| !c.failed.load(Ordering::Acquire) && c.peer.liveness.dead().is_none();
-        let route = &self.route;
+        let wire = &self.wire;
         let sink = (self.dir == Direction::Recv && healthy(&self)).then(|| {
             // The sink must not keep the comm (its requests) alive: a weak reference to see
             // a failure while the comm still exists, then the peer's liveness alone.
             let comm = Arc::downgrade(&self);
             let peer = self.peer.liveness.clone();
             // The id stays taken while the sink may match its messages.
-            let lease = route.lease.clone();
+            let lease = wire.lease.clone();
             SinkSpec {
-                src: route.source(),
-                tag: route.lane.tags.data(route.id, 0, 0),
-                ignore: route.lane.tags.below_id(),
+                src: wire.source(),
+                tag: wire.lane.tags.data(wire.id, 0, 0),
+                ignore: wire.lane.tags.below_id(),
                 alive: Box::new(move || {
                     let _held = &lease;
                     peer.dead().is_none()
@@ -550,8 +543,8 @@ impl Comm {
                 }),
             }
         });
-        route.lane.retire_owner(owner_key(&owner), sink);
-        route.lane.release_user();
+        wire.lane.retire_owner(owner_key(&owner), sink);
+        wire.lane.release_user();
     }
 
     /// For a request still in the provider's hands: one stall WARN when it waited past
@@ -945,7 +938,7 @@ impl Part {
                     buf: std::ptr::null_mut(),
                     len: 0,
                     desc: std::ptr::null_mut(),
-                    src: comm.route.source(),
+                    src: comm.wire.source(),
                     tag: comm.lane().tags.piece(tag, j, count),
                     ignore: 0,
                     overflow: true,

@@ -11,7 +11,7 @@
 //! ranks of this process the messages are handed over directly. No lock shared between
 //! connects is held while libfabric is called.
 
-use crate::comm::{Comm, CommId, Direction, PeerInfo, Route, Terms};
+use crate::comm::{Comm, CommId, Direction, PeerInfo, Terms, Wire};
 use crate::control::{self, Answer, Control, Incoming, ListenSlot, LocalConnect, Peer, Sent};
 use crate::device::{ConnectEntry, Connecting, Device};
 use crate::error::{Error, Result};
@@ -111,7 +111,7 @@ fn comm_on(
     Ok(Comm::new(
         dir,
         dev,
-        Route::new(lane, addr, id),
+        Wire::new(lane, addr, id),
         PeerInfo { who, liveness },
         Terms {
             stall_warn: (stall > 0).then(|| Duration::from_millis(stall)),
