@@ -1,21 +1,25 @@
 //! Send and receive comms (NCCL's sendComm / recvComm) and their requests.
 //!
-//! A comm posts by handing its lane's driver an operation ([`crate::lane::Lane::submit`])
-//! and learns the outcome from the operation's atomics; it never reads a completion queue.
-//! NCCL calls isend/irecv/test from its progress thread and close from its service thread;
-//! every field a call changes is atomic.
+//! A comm posts by handing its lanes' drivers operations ([`crate::lane::Lane::submit`]) and
+//! learns the outcome from the operations' atomics; it never reads a completion queue. NCCL
+//! calls isend/irecv/test from its progress thread and close from its service thread; every
+//! field a call changes is atomic.
 //!
-//! A message longer than the comm's piece size (agreed at connect, see
-//! `handshake::agreed_piece`) goes as up to [`MAX_PIECES`] messages of that size, the last
-//! taking the rest, all posted at once: the provider then overlaps one piece's rendezvous
-//! and data with the others' instead of moving one long message end to end. The sender
-//! alone knows how long its message is, so the receiver posts for the longest one its
-//! buffer takes: the first receive over the whole buffer (a whole message fits there) and
-//! one for each later piece at its offset. The first piece's tag says how many pieces
-//! follow (see `tags`); later pieces the message does not have are cancelled, and pieces of
-//! a message longer than the buffer are taken in by empty receives (into the overflow area),
-//! so that neither side waits on them. Every piece goes on the comm's one lane: more
-//! connections at once come from more comms (NCCL's channels) over more lanes.
+//! **Flows.** A comm has one or more flows ([`Wire`]s), each a lane of its device with its
+//! own connection to the peer: more flows move more where a network caps each TCP flow, and
+//! spread the provider's work over endpoints. Whole messages go on the first flow.
+//!
+//! **Pieces.** A message longer than the comm's smallest piece (agreed at connect, see
+//! `handshake::agreed_piece`) is cut into up to one piece per flow ([`cut`]: at most
+//! [`PIECES_ON_ONE_FLOW`] on a comm of one flow), all of one power-of-two size but the last,
+//! which takes the rest. The sender alone knows how long its message is, so it first sends a
+//! header: an empty message on the first flow whose tag names the cut (see `tags`). The
+//! receiver posts one receive over its whole buffer, which takes a whole message or a header
+//! alike; a header makes it post a receive for each piece at its offset, on the flow the piece
+//! travels on (piece `j` on flow `j mod flows`), while the pieces, sent at once behind the
+//! header, wait for them in the provider (rxm holds a long message's rendezvous until its
+//! receive is posted). Pieces beyond the receive's buffer are taken in by empty receives (into
+//! the overflow area), so a truncation is reported with both sizes and neither side waits.
 //!
 //! A request is a slot of the comm, aligned to 64 bytes; the pointer NCCL gets carries the
 //! slot's generation (see `opaque::request`), so a request already reported done is refused.
@@ -31,7 +35,7 @@ use crate::lane::{IdLease, Lane};
 use crate::op::{Op, Status};
 use crate::opaque::{self, request};
 use crate::sys;
-use crate::tags::MAX_PIECES;
+use crate::tags::{Layout, MAX_PIECE, MAX_PIECES, PIECE_UNIT};
 use parking_lot::Mutex;
 use std::collections::HashMap;
 use std::ffi::c_void;
@@ -44,14 +48,25 @@ use std::time::Duration;
 pub const REQUESTS_PER_COMM: usize = crate::nccl::NET_MAX_REQUESTS;
 /// Most buffers one receive may group (`maxRecvs`; NCCL's IB transport offers 8).
 pub const MAX_RECVS: usize = 8;
+/// Most flows a comm has: one per piece at most.
+pub const MAX_FLOWS: usize = MAX_PIECES;
+/// Most pieces a message is cut into on a comm of one flow: there pieces only overlap one
+/// piece's rendezvous with the others' data.
+pub const PIECES_ON_ONE_FLOW: usize = 4;
+
+/// A registration's descriptor per flow of its comm (see [`Wire`]).
+pub type Descs = [*mut c_void; MAX_FLOWS];
+
+/// No registration.
+pub const NO_DESCS: Descs = [std::ptr::null_mut(); MAX_FLOWS];
 
 /// One buffer of a send or (grouped) receive, as NCCL passes it.
 #[derive(Debug, Clone, Copy)]
 pub struct Buffer {
     pub data: *mut c_void,
     pub len: usize,
-    /// The registration's descriptor on the comm's lane, or NULL.
-    pub desc: *mut c_void,
+    /// The registration's descriptor on each of the comm's flows, or NULLs.
+    pub descs: Descs,
     /// Host memory (a receive into GPU memory gets no overflow area: providers may take
     /// every piece of a receive to be of the first piece's kind).
     pub host: bool,
@@ -59,7 +74,7 @@ pub struct Buffer {
     pub tag: i32,
 }
 
-const REQUEST_MAGIC: u64 = 0x4e46_4142_5245_5132; // "NFABREQ2"
+const REQUEST_MAGIC: u64 = 0x4e46_4142_5245_5133; // "NFABREQ3"
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Direction {
@@ -81,10 +96,10 @@ pub enum CommId {
     Peer(u64),
 }
 
-/// What a comm's messages travel on: its lane, the peer's endpoint there, the comm's id in
-/// the lane's data tags.
+/// One flow of a comm: its lane, the peer's endpoint there, the comm's id in that lane's
+/// data tags.
 pub struct Wire {
-    lane: Arc<Lane>,
+    pub lane: Arc<Lane>,
     /// The peer's endpoint, in the lane's address vector.
     addr: sys::fi_addr_t,
     /// The comm's id in the data tags (chosen by the receiving lane).
@@ -111,6 +126,30 @@ impl Wire {
     fn source(&self) -> sys::fi_addr_t {
         self.lane.source(self.addr)
     }
+
+    /// The data tag of a message of this comm on this flow (see `tags`).
+    fn tag(&self, nccl_tag: u64, seq: u64) -> u64 {
+        self.lane.tags.data(self.id, nccl_tag, seq)
+    }
+}
+
+/// How a message of `len` bytes is cut on a comm whose smallest piece is `piece` (0: whole
+/// messages) and that cuts into `most` pieces at most: `None` for a whole message. Every
+/// piece but the last is of one power-of-two size, at least `piece` and large enough that
+/// `most` pieces hold the message; the last takes the rest.
+pub fn cut(len: usize, piece: usize, most: usize) -> Option<Layout> {
+    if piece == 0 || most < 2 || len <= piece {
+        return None;
+    }
+    let size = piece
+        .max(len.div_ceil(most))
+        .max(PIECE_UNIT)
+        .checked_next_power_of_two()?
+        .min(MAX_PIECE);
+    let count = len.div_ceil(size);
+    (2..=MAX_PIECES.min(most))
+        .contains(&count)
+        .then_some(Layout { count, size })
 }
 
 /// A send or receive comm.
@@ -118,12 +157,15 @@ pub struct Comm {
     pub dir: Direction,
     /// The NCCL device it is on.
     pub dev: usize,
-    wire: Wire,
+    /// Its flows: whole messages and headers go on the first (at least one).
+    wires: Box<[Wire]>,
     pub peer: PeerInfo,
     me: Identity,
-    /// Messages longer than this go in pieces of it (0: whole).
+    /// Pieces are this long at least (0: whole messages).
     piece: usize,
-    /// Itself, for the operations `test` hands the driver (see `Part::settle`).
+    /// Most pieces it cuts a message into.
+    most: usize,
+    /// Itself, for the operations `test` hands the drivers (see `Part::settle`).
     this: std::sync::Weak<Comm>,
     /// The next sequence number per NCCL tag (see `tags`); held while posting, so numbers
     /// are used in order and one the provider refused is used again.
@@ -134,7 +176,7 @@ pub struct Comm {
     closed: AtomicBool,
     /// A request of it failed for a reason of the peer or the connection.
     failed: AtomicBool,
-    /// The lane's count of errors without an operation, as this comm last saw it.
+    /// Its lanes' count of errors without an operation, as this comm last saw it.
     stray_seen: AtomicU64,
     /// Where its requests' time went (`NCCL_FABRIC_TIMES`).
     times: crate::times::Times,
@@ -144,12 +186,13 @@ pub struct Comm {
 }
 
 impl opaque::Kind for Arc<Comm> {
-    const MAGIC: u64 = 0x4e46_4142_434f_4d32; // "NFABCOM2"
+    const MAGIC: u64 = 0x4e46_4142_434f_4d33; // "NFABCOM3"
     const NAME: &'static str = "comm";
 }
 
 /// A request NCCL holds between isend/irecv and the `test` that reports it done: one
-/// operation per buffer (a send has one, a grouped receive up to [`MAX_RECVS`]).
+/// operation per buffer (a send has one, a grouped receive up to [`MAX_RECVS`]), and its
+/// pieces'.
 #[repr(C, align(64))]
 pub struct Request {
     magic: u64,
@@ -164,41 +207,34 @@ pub struct Request {
     /// When NCCL posted it (`times::stamp`, 0 unless timing is on).
     posted_at: AtomicU64,
     stall_reported: AtomicBool,
+    /// Since when (ms) `test` has seen some of its pieces finished and others not (0: not).
+    straggling_since: AtomicU64,
 }
 
 /// One buffer's operations.
 struct Part {
-    /// The whole message, or its first piece (a receive: over the whole buffer).
+    /// The whole message or the header (a receive: over the whole buffer).
     op: Op,
-    /// Later pieces (none on a comm that sends whole messages); on a receive also the
-    /// drains of a sender's pieces beyond the buffer.
-    more: Box<[Op]>,
-    /// Operations in use: the first and `used - 1` of `more`.
+    /// The pieces, piece `j` in `pieces[j]` (none on a comm that sends whole messages).
+    pieces: Box<[Op]>,
+    /// Pieces in use (0: a whole message).
     used: AtomicUsize,
-    /// A receive's unused pieces were handed to the driver to cancel (or drains posted).
+    /// A receive's pieces were handed to the drivers (after its header arrived).
     settled: AtomicBool,
     /// Bytes posted (send size or receive buffer size).
     posted: AtomicUsize,
+    /// Where a receive's pieces go: its buffer, descriptors and kind.
+    buf: AtomicPtr<c_void>,
+    descs: [AtomicPtr<c_void>; MAX_FLOWS],
+    host: AtomicBool,
     /// A profiler's event handle for it (see `exports`), NULL if none.
     event: AtomicPtr<c_void>,
 }
 
-/// How many pieces a message (or a receive) of `len` bytes has with pieces of `piece`.
-fn pieces(len: usize, piece: usize) -> usize {
-    match piece {
-        0 => 1,
-        p if len <= p => 1,
-        p => len.div_ceil(p).min(MAX_PIECES),
-    }
-}
-
-/// Offset and length of piece `i` of `count` of `len` bytes (the last takes the rest).
-fn span(len: usize, piece: usize, count: usize, i: usize) -> (usize, usize) {
-    if count == 1 {
-        return (0, len);
-    }
-    let off = i * piece;
-    (off, if i + 1 == count { len - off } else { piece })
+/// Offset and length of piece `j` of a message of `len` bytes cut as `layout`.
+fn span(len: usize, layout: Layout, j: usize) -> (usize, usize) {
+    let off = j * layout.size;
+    (off, layout.size.min(len.saturating_sub(off)))
 }
 
 /// What `test` reports of a finished request: bytes per buffer.
@@ -221,22 +257,38 @@ pub struct Terms {
     /// Buffers a receive may group (a send comm then has that many times
     /// [`REQUESTS_PER_COMM`] requests, each of one buffer).
     pub max_recvs: usize,
-    /// Messages longer than this go in pieces of it (0: whole), as both ends agreed.
+    /// Pieces are this long at least (0: whole messages), as both ends agreed.
     pub piece: usize,
 }
 
 impl Comm {
-    /// A comm on `wire`.
-    pub fn new(dir: Direction, dev: usize, wire: Wire, peer: PeerInfo, terms: Terms) -> Arc<Self> {
+    /// A comm on `wires` (at least one, at most [`MAX_FLOWS`]; the first is its own lane).
+    pub fn new(
+        dir: Direction,
+        dev: usize,
+        wires: Vec<Wire>,
+        peer: PeerInfo,
+        terms: Terms,
+    ) -> Arc<Self> {
+        assert!(
+            !wires.is_empty() && wires.len() <= MAX_FLOWS,
+            "1 to {MAX_FLOWS} flows"
+        );
         let Terms {
             stall_warn,
             max_recvs,
             piece,
         } = terms;
         let max_recvs = max_recvs.clamp(1, MAX_RECVS);
-        let later_pieces = match piece {
-            0 => 0,
-            _ => MAX_PIECES - 1,
+        let most = match wires.len() {
+            1 => PIECES_ON_ONE_FLOW,
+            n => n,
+        };
+        // A receive takes whatever cut its peer chose; a send makes its own.
+        let pieces = match (piece, dir) {
+            (0, _) => 0,
+            (_, Direction::Recv) => MAX_PIECES,
+            (_, Direction::Send) => most,
         };
         let (count, parts) = match dir {
             Direction::Send => (REQUESTS_PER_COMM * max_recvs, 1),
@@ -252,26 +304,32 @@ impl Comm {
                 parts: (0..parts)
                     .map(|_| Part {
                         op: Op::default(),
-                        more: (0..later_pieces).map(|_| Op::default()).collect(),
-                        used: AtomicUsize::new(1),
+                        pieces: (0..pieces).map(|_| Op::default()).collect(),
+                        used: AtomicUsize::new(0),
                         settled: AtomicBool::new(false),
                         posted: AtomicUsize::new(0),
+                        buf: AtomicPtr::new(std::ptr::null_mut()),
+                        descs: Default::default(),
+                        host: AtomicBool::new(true),
                         event: AtomicPtr::new(std::ptr::null_mut()),
                     })
                     .collect(),
                 posted_at_ms: AtomicU64::new(0),
                 posted_at: AtomicU64::new(0),
                 stall_reported: AtomicBool::new(false),
+                straggling_since: AtomicU64::new(0),
             })
             .collect();
-        let stray_seen = AtomicU64::new(wire.lane.health().stray_errors());
+        let wires: Box<[Wire]> = wires.into();
+        let stray_seen = AtomicU64::new(stray_errors(&wires));
         let comm = Arc::new_cyclic(|this| Comm {
             this: this.clone(),
             dir,
             dev,
-            wire,
+            wires,
             peer,
             piece,
+            most,
             me: Identity::current(),
             next_seq: Mutex::new(HashMap::new()),
             requests,
@@ -300,25 +358,46 @@ impl Comm {
 
     /// How it sends long messages, for log lines.
     pub fn pieces_text(&self) -> String {
-        match self.piece {
-            0 => "whole messages".into(),
-            p => format!("messages over {p} bytes in up to {MAX_PIECES} pieces"),
+        match (self.piece, self.wires.len()) {
+            (0, _) => "whole messages".into(),
+            (p, 1) => format!("messages over {p} bytes in up to {} pieces", self.most),
+            (p, n) => format!(
+                "messages over {p} bytes in up to {} pieces over {n} flows",
+                self.most
+            ),
         }
     }
 
-    /// The lane its messages go on.
+    /// Its own lane: whole messages and headers go there.
     pub fn lane(&self) -> &Arc<Lane> {
-        &self.wire.lane
+        &self.wires[0].lane
     }
 
-    /// Errors of its lane's endpoint itself.
+    /// Its lanes, one per flow, its own first.
+    pub fn lanes(&self) -> impl Iterator<Item = &Arc<Lane>> {
+        self.wires.iter().map(|w| &w.lane)
+    }
+
+    /// How many flows it has.
+    pub fn flows(&self) -> usize {
+        self.wires.len()
+    }
+
+    /// The flow piece `j` of a message travels on.
+    fn wire_of(&self, j: usize) -> usize {
+        j % self.wires.len()
+    }
+
+    /// Errors of its lanes' endpoints themselves.
     fn health_check(&self) -> Result<()> {
-        self.lane().health().check()
+        self.lanes().try_for_each(|l| l.health().check())
     }
 
-    /// A driver's turn on its lane (see [`Lane::drive`]).
-    fn drive(&self) -> Result<()> {
-        self.lane().drive()
+    /// A driver's turn on its own lane, and on every other flow's too when `all` (a request
+    /// with pieces) (see [`Lane::drive`]).
+    fn drive(&self, all: bool) -> Result<()> {
+        let n = if all { self.wires.len() } else { 1 };
+        self.lanes().take(n).try_for_each(|l| l.drive())
     }
 
     /// This comm as the owner of an operation (it lives while NCCL holds a request of it).
@@ -353,13 +432,14 @@ impl Comm {
 
     /// Posts a send (one buffer) or a receive (one buffer, or several grouped: each takes
     /// the send with its NCCL tag). `Ok(None)`: all request slots are taken, or the provider
-    /// refused for now; NCCL calls again. Once the first buffer is taken the others are
-    /// handed to the driver, which posts them on its next turn.
+    /// refused for now; NCCL calls again. Once the first operation is taken the others (a
+    /// send's pieces, a grouped receive's further buffers) are handed to the drivers, which
+    /// post them on their next turn.
     ///
     /// # Safety
     /// Each buffer must be valid for its length (readable for a send, writable for a
-    /// receive) until `test` reports the request done, and its `desc` NULL or the
-    /// descriptor of a registration made on this comm.
+    /// receive) until `test` reports the request done, and its `descs` NULLs or the
+    /// descriptors of a registration made on this comm (one per flow).
     pub unsafe fn post(self: &Arc<Self>, bufs: &[Buffer]) -> Result<Option<*mut c_void>> {
         if self.closed.load(Ordering::Acquire) {
             return Err(Error::InvalidArgument("the comm is closed".into()));
@@ -384,65 +464,68 @@ impl Comm {
             .fetch_add(1, Ordering::AcqRel)
             .wrapping_add(1);
         let mut seqs = self.next_seq.lock();
-        // Each buffer's tag, and the last sequence number each NCCL tag would use (no
-        // allocation: this runs for every send and receive).
-        let mut tags = [0u64; MAX_RECVS];
+        // Each buffer's NCCL tag and sequence number, and the last sequence number each NCCL
+        // tag would use (no allocation: this runs for every send and receive).
+        let mut keys = [(0u64, 0u64); MAX_RECVS];
         let mut taken = [(0u64, 0u64); MAX_RECVS];
-        let mut keys = 0;
+        let mut distinct = 0;
         for (i, b) in bufs.iter().enumerate() {
             let key = self.lane().tags.nccl_tag(b.tag);
-            let seq = match taken[..keys].iter_mut().find(|(k, _)| *k == key) {
+            let seq = match taken[..distinct].iter_mut().find(|(k, _)| *k == key) {
                 Some((_, s)) => {
                     *s += 1;
                     *s
                 }
                 None => {
                     let s = seqs.get(&key).copied().unwrap_or(0);
-                    taken[keys] = (key, s);
-                    keys += 1;
+                    taken[distinct] = (key, s);
+                    distinct += 1;
                     s
                 }
             };
-            tags[i] = self.lane().tags.data(self.wire.id, key, seq);
+            keys[i] = (key, seq);
         }
-        // Piece `j` of buffer `i`.
-        let post_of = |i: usize, j: usize| {
+        let owner = self.clone() as Owner;
+        let first = self.wires.first().expect("a comm has a flow");
+        // The first operation of buffer `i`: a whole message or header for a send, the
+        // receive over the whole buffer for a receive.
+        let first_of = |i: usize| {
             let (b, part) = (&bufs[i], &req.parts[i]);
-            let count = pieces(b.len, self.piece);
-            let (off, len) = span(b.len, self.piece, count, j);
-            let tag = self.lane().tags.piece(tags[i], j, count);
-            // SAFETY: `off` lies within the buffer (see `span`).
-            let at = unsafe { b.data.cast::<u8>().add(off) }.cast::<c_void>();
+            let (key, seq) = keys[i];
+            let tag = first.tag(key, seq);
             let transfer = match self.dir {
-                Direction::Send => Transfer::Send {
-                    buf: at,
-                    len,
-                    desc: b.desc,
-                    dest: self.wire.addr,
-                    tag,
-                },
-                Direction::Recv => {
-                    // The first receive takes the whole buffer (a whole message, or a first
-                    // piece whatever the count its tag says); later ones their piece.
-                    let (buf, len, ignore) = match (j, self.piece) {
-                        (0, 0) => (b.data, b.len, 0),
-                        (0, _) => (b.data, b.len, self.lane().tags.first_piece_ignores()),
-                        _ => (at, len, 0),
-                    };
-                    Transfer::Recv {
-                        buf,
-                        len,
-                        desc: b.desc,
-                        src: self.wire.source(),
+                Direction::Send => match cut(b.len, self.piece, self.most) {
+                    None => Transfer::Send {
+                        buf: b.data,
+                        len: b.len,
+                        desc: b.descs[0],
+                        dest: first.addr,
                         tag,
-                        ignore,
-                        overflow: b.host,
-                    }
-                }
+                    },
+                    Some(layout) => Transfer::Send {
+                        buf: b.data,
+                        len: 0,
+                        desc: b.descs[0],
+                        dest: first.addr,
+                        tag: first.lane.tags.header(tag, layout),
+                    },
+                },
+                Direction::Recv => Transfer::Recv {
+                    buf: b.data,
+                    len: b.len,
+                    desc: b.descs[0],
+                    src: first.source(),
+                    tag,
+                    ignore: match self.piece {
+                        0 => 0,
+                        _ => first.lane.tags.first_ignores(),
+                    },
+                    overflow: b.host,
+                },
             };
             Post {
-                op: part.op_of(j),
-                owner: self.clone() as Owner,
+                op: &part.op,
+                owner: owner.clone(),
                 transfer,
             }
         };
@@ -451,27 +534,64 @@ impl Comm {
         req.posted_at
             .store(crate::times::stamp(), Ordering::Relaxed);
         req.stall_reported.store(false, Ordering::Relaxed);
+        req.straggling_since.store(0, Ordering::Relaxed);
         // Every operation is marked queued before the first can complete (claim() looks at
         // all).
-        for (b, part) in bufs.iter().zip(req.parts.iter()) {
-            let count = pieces(b.len, self.piece);
+        let mut layouts = [None; MAX_RECVS];
+        for (i, (b, part)) in bufs.iter().zip(req.parts.iter()).enumerate() {
             part.posted.store(b.len, Ordering::Relaxed);
-            part.used.store(count, Ordering::Relaxed);
             part.settled.store(false, Ordering::Relaxed);
-            (0..count).for_each(|j| part.op_of(j).mark_queued());
+            part.buf.store(b.data, Ordering::Relaxed);
+            for (d, &desc) in part.descs.iter().zip(&b.descs) {
+                d.store(desc, Ordering::Relaxed);
+            }
+            part.host.store(b.host, Ordering::Relaxed);
+            part.op.mark_queued();
+            let layout = match self.dir {
+                Direction::Send => cut(b.len, self.piece, self.most),
+                Direction::Recv => None,
+            };
+            let count = layout.map_or(0, |l| l.count);
+            part.used.store(count, Ordering::Relaxed);
+            part.pieces[..count].iter().for_each(Op::mark_queued);
+            layouts[i] = layout;
         }
-        match self.lane().submit(post_of(0, 0)) {
+        match self.lane().submit(first_of(0)) {
             Ok(None) => {
-                for &(key, last) in &taken[..keys] {
+                for &(key, last) in &taken[..distinct] {
                     seqs.insert(key, last.wrapping_add(1));
                 }
                 // The request is NCCL's now: an endpoint that failed meanwhile is reported
                 // by its `test`, which then gives the slot back.
-                for (i, b) in bufs.iter().enumerate() {
-                    for j in (i == 0) as usize..pieces(b.len, self.piece) {
-                        if let Err(e) = self.lane().enqueue(post_of(i, j)) {
-                            tracing::debug!("a piece handed to a failed endpoint: {e}");
-                        }
+                let hand = |lane: &Lane, post: Post| {
+                    if let Err(e) = lane.enqueue(post) {
+                        tracing::debug!("an operation handed to a failed endpoint: {e}");
+                    }
+                };
+                for i in 1..bufs.len() {
+                    hand(self.lane(), first_of(i));
+                }
+                if let (Some(layout), Direction::Send) = (layouts[0], self.dir) {
+                    let (b, part) = (&bufs[0], &req.parts[0]);
+                    let (key, seq) = keys[0];
+                    for j in 0..layout.count {
+                        let wire = &self.wires[self.wire_of(j)];
+                        let (off, len) = span(b.len, layout, j);
+                        hand(
+                            &wire.lane,
+                            Post {
+                                op: &part.pieces[j],
+                                owner: owner.clone(),
+                                transfer: Transfer::Send {
+                                    // SAFETY: `off` lies within the buffer (see `span`).
+                                    buf: unsafe { b.data.cast::<u8>().add(off) }.cast(),
+                                    len,
+                                    desc: b.descs[self.wire_of(j)],
+                                    dest: wire.addr,
+                                    tag: wire.lane.tags.piece(wire.tag(key, seq), j),
+                                },
+                            },
+                        );
                     }
                 }
                 self.refused_since.store(0, Ordering::Relaxed);
@@ -511,9 +631,10 @@ impl Comm {
         ))
     }
 
-    /// `closeSend`/`closeRecv`: returns at once. The driver cancels what is still in
-    /// flight and keeps this comm's memory until the provider lets go of it; a receive comm
-    /// also leaves a sink for messages of its peer that nothing will receive now.
+    /// `closeSend`/`closeRecv`: returns at once. The drivers cancel what is still in
+    /// flight and keep this comm's memory until the provider lets go of it; a receive comm
+    /// also leaves a sink on each flow for messages of its peer that nothing will receive
+    /// now.
     pub fn close(self: Arc<Self>) {
         self.closed.store(true, Ordering::Release);
         if let Some(times) = self.times.text() {
@@ -522,29 +643,31 @@ impl Comm {
         let owner: Owner = self.clone();
         let healthy =
             |c: &Comm| !c.failed.load(Ordering::Acquire) && c.peer.liveness.dead().is_none();
-        let wire = &self.wire;
-        let sink = (self.dir == Direction::Recv && healthy(&self)).then(|| {
-            // The sink must not keep the comm (its requests) alive: a weak reference to see
-            // a failure while the comm still exists, then the peer's liveness alone.
-            let comm = Arc::downgrade(&self);
-            let peer = self.peer.liveness.clone();
-            // The id stays taken while the sink may match its messages.
-            let lease = wire.lease.clone();
-            SinkSpec {
-                src: wire.source(),
-                tag: wire.lane.tags.data(wire.id, 0, 0),
-                ignore: wire.lane.tags.below_id(),
-                alive: Box::new(move || {
-                    let _held = &lease;
-                    peer.dead().is_none()
-                        && comm
-                            .upgrade()
-                            .map_or(true, |c| !c.failed.load(Ordering::Acquire))
-                }),
-            }
-        });
-        wire.lane.retire_owner(owner_key(&owner), sink);
-        wire.lane.release_user();
+        let sinks = self.dir == Direction::Recv && healthy(&self);
+        for wire in self.wires.iter() {
+            let sink = sinks.then(|| {
+                // The sink must not keep the comm (its requests) alive: a weak reference to
+                // see a failure while the comm still exists, then the peer's liveness alone.
+                let comm = Arc::downgrade(&self);
+                let peer = self.peer.liveness.clone();
+                // The id stays taken while the sink may match its messages.
+                let lease = wire.lease.clone();
+                SinkSpec {
+                    src: wire.source(),
+                    tag: wire.tag(0, 0),
+                    ignore: wire.lane.tags.below_id(),
+                    alive: Box::new(move || {
+                        let _held = &lease;
+                        peer.dead().is_none()
+                            && comm
+                                .upgrade()
+                                .map_or(true, |c| !c.failed.load(Ordering::Acquire))
+                    }),
+                }
+            });
+            wire.lane.retire_owner(owner_key(&owner), sink);
+            wire.lane.release_user();
+        }
     }
 
     /// For a request still in the provider's hands: one stall WARN when it waited past
@@ -566,19 +689,68 @@ impl Comm {
                 );
             }
         }
+        self.check_stragglers(r)?;
         self.check_peer(waited)
     }
 
+    /// For a request in pieces: a piece that has not finished long after its siblings did
+    /// is on a flow whose connection carries nothing (a path that drops it) while the
+    /// others move, which the peer's liveness cannot show. "Long" is the peer timeout, or
+    /// twice the time the first sibling took, whichever is longer (pieces sharing a slow
+    /// flow with other comms' finish later than their siblings, but not that much later).
+    fn check_stragglers(&self, r: &Request) -> Result<()> {
+        let Some((part, j)) = r
+            .parts_in_use()
+            .iter()
+            .find_map(|p| p.straggler().map(|j| (p, j)))
+        else {
+            r.straggling_since.store(0, Ordering::Relaxed);
+            return Ok(());
+        };
+        let now = now_ms();
+        let since = match r.straggling_since.load(Ordering::Relaxed) {
+            0 => {
+                r.straggling_since.store(now, Ordering::Relaxed);
+                now
+            }
+            t => t,
+        };
+        let took = since.saturating_sub(r.posted_at_ms.load(Ordering::Relaxed));
+        let limit = (self.peer.liveness.timeout().as_millis() as u64).max(2 * took);
+        let lag = now.saturating_sub(since);
+        if lag < limit {
+            return Ok(());
+        }
+        self.failed.store(true, Ordering::Release);
+        let k = self.wire_of(j);
+        Err(Error::Remote(format!(
+            "piece {j} of a {} of {} bytes {} has not moved for {lag} ms while the other pieces \
+             finished: flow {k} of {} (endpoint {}) carries nothing, its connection cut on the \
+             way (a path or middlebox that drops it) while the others work; the comm cannot \
+             continue",
+            self.what(),
+            part.posted.load(Ordering::Relaxed),
+            self.peer_text(),
+            self.wires.len(),
+            crate::fabric::address_text(&self.wires[k].lane.endpoint.name),
+        )))
+    }
+
     /// Whether the peer lives, for something that has waited `waited` on it (probing it
-    /// when that is long enough, or at once after an error of the endpoint itself).
+    /// when that is long enough, or at once after an error of an endpoint itself).
     fn check_peer(&self, waited: Duration) -> Result<()> {
-        let stray = self.lane().health().stray_errors();
+        let stray = stray_errors(&self.wires);
         let urgent = self.stray_seen.swap(stray, Ordering::AcqRel) != stray;
         self.peer
             .liveness
             .watch(waited, urgent)
             .map_err(|why| self.peer_lost(&why))
     }
+}
+
+/// Errors without an operation that the flows' endpoints have seen.
+fn stray_errors(wires: &[Wire]) -> u64 {
+    wires.iter().map(|w| w.lane.health().stray_errors()).sum()
 }
 
 impl Request {
@@ -639,12 +811,19 @@ impl Request {
             .all(|p| p.ops().all(|o| o.status().finished()))
     }
 
+    /// Whether a part of it has pieces (on a receive: expects them, its header arrived).
+    fn in_pieces(&self) -> bool {
+        self.parts_in_use()
+            .iter()
+            .any(|p| p.used.load(Ordering::Relaxed) > 0)
+    }
+
     /// `test`: `Ok(Some(sizes))` when every buffer is done (the slot is then free again),
     /// `Ok(None)` if not; the first failed buffer makes it an error.
     pub fn test(&self) -> Result<Option<Sizes>> {
         let comm = self.comm();
         if !self.finished() {
-            comm.drive()?;
+            comm.drive(self.in_pieces())?;
             if !comm.lane().threaded
                 && now_ms().saturating_sub(self.posted_at_ms.load(Ordering::Relaxed)) >= 1
             {
@@ -671,7 +850,7 @@ impl Request {
                     self.release();
                     return Err(Error::Truncated {
                         posted: p.posted.load(Ordering::Relaxed),
-                        sent: Some(sent),
+                        sent,
                         peer: comm.peer_text(),
                     });
                 }
@@ -717,16 +896,15 @@ impl Request {
         );
     }
 
-    /// Before a request is given back with an error: the other buffers whose first piece
-    /// arrived have their unused pieces cancelled (or drained) now, as their `test` would
-    /// have; those still waiting for their message keep their receives until it comes.
+    /// Before a request is given back with an error: the other buffers whose header arrived
+    /// have their pieces taken in by empty receives, so that none is left in the provider;
+    /// those still waiting for their message keep their receives until it comes.
     fn settle_all(&self, comm: &Comm) {
         for p in self.parts_in_use() {
-            if comm.dir == Direction::Recv
-                && !p.more.is_empty()
-                && matches!(p.op.status(), Status::Done(_))
-            {
-                p.settle_once(comm);
+            if comm.dir == Direction::Recv {
+                if let (Status::Done(_), Some(layout)) = (p.op.status(), p.layout(comm)) {
+                    p.settle_once(comm, layout, true);
+                }
             }
         }
     }
@@ -792,169 +970,258 @@ enum Outcome<'a> {
     Done(usize),
     /// This operation failed.
     Failed(&'a Op),
-    /// The sender's message, of this many bytes, is longer than the receive.
-    Longer(usize),
+    /// The sender's message, of this many bytes (where known), is longer than the receive.
+    Longer(Option<usize>),
     Malformed(String),
 }
 
 impl Part {
-    /// The operation of piece `j`.
-    fn op_of(&self, j: usize) -> &Op {
-        match j {
-            0 => &self.op,
-            j => &self.more[j - 1],
-        }
-    }
-
-    /// The operations in use.
+    /// The operations in use: the first, and the pieces.
     fn ops(&self) -> impl Iterator<Item = &Op> {
-        let used = self
-            .used
-            .load(Ordering::Relaxed)
-            .clamp(1, self.more.len() + 1);
-        std::iter::once(&self.op).chain(&self.more[..used - 1])
+        let used = self.used.load(Ordering::Relaxed).min(self.pieces.len());
+        std::iter::once(&self.op).chain(&self.pieces[..used])
     }
 
     fn all_ops(&self) -> impl Iterator<Item = &Op> {
-        std::iter::once(&self.op).chain(self.more.iter())
+        std::iter::once(&self.op).chain(self.pieces.iter())
+    }
+
+    /// The first piece of it not finished while another is, if any.
+    fn straggler(&self) -> Option<usize> {
+        let used = self.used.load(Ordering::Relaxed).min(self.pieces.len());
+        let pieces = &self.pieces[..used];
+        let finished = |o: &Op| o.status().finished();
+        match pieces.iter().any(finished) {
+            true => pieces.iter().position(|o| !finished(o)),
+            false => None,
+        }
+    }
+
+    /// How a received message is cut, from the tag its first part arrived with (`None`: a
+    /// whole message, or a comm that takes whole messages only).
+    fn layout(&self, comm: &Comm) -> Option<Layout> {
+        match (comm.piece, comm.dir) {
+            (0, _) | (_, Direction::Send) => None,
+            _ => comm.lane().tags.layout_of(self.op.tag()),
+        }
     }
 
     fn outcome(&self, comm: &Comm) -> Outcome<'_> {
         let failed = |o: &&Op| o.status() == Status::Failed;
-        if comm.dir == Direction::Send || self.more.is_empty() {
+        if comm.dir == Direction::Send {
             if let Some(op) = self.ops().find(failed) {
                 return Outcome::Failed(op);
             }
             if !self.ops().all(|o| o.status().finished()) {
                 return Outcome::Busy;
             }
-            return Outcome::Done(match (comm.dir, self.op.status()) {
-                (Direction::Recv, Status::Done(len)) => len,
-                _ => self.posted.load(Ordering::Relaxed),
-            });
+            return Outcome::Done(self.posted.load(Ordering::Relaxed));
         }
-        // A receive on a comm that splits long messages: the first piece says how many.
-        let count = comm.lane().tags.pieces_of(self.op.tag());
-        // The receive's own pieces (`used` grows by the drains).
-        let posted = self.receive_pieces(comm);
-        let first = match self.op.status() {
+        let header = match self.op.status() {
             Status::Done(len) => len,
-            Status::Failed => {
-                // A first piece longer than the whole receive: the pieces after it are
-                // drained before the truncation is reported, so that none is left behind.
-                let truncated = self
-                    .op
-                    .failure()
-                    .filter(|f| f.err.unsigned_abs() == sys::FI_ETRUNC);
-                let Some(f) = truncated.filter(|_| count > 1) else {
-                    return Outcome::Failed(&self.op);
-                };
-                self.settle_once(comm);
-                if !self.ops().all(|o| o.status().finished()) {
-                    return Outcome::Busy;
-                }
-                let first = self.posted.load(Ordering::Relaxed) + f.olen;
-                return Outcome::Longer(first + self.later_bytes(comm, posted));
-            }
+            Status::Failed => return Outcome::Failed(&self.op),
             _ => return Outcome::Busy,
         };
-        if count > 1 && first != comm.piece {
+        let Some(layout) = self.layout(comm) else {
+            return Outcome::Done(header);
+        };
+        if header != 0 {
+            return Outcome::Malformed(format!("its header carries {header} bytes"));
+        }
+        if layout.count > self.pieces.len() {
             return Outcome::Malformed(format!(
-                "its first piece has {first} bytes, not the {} agreed",
-                comm.piece
+                "its header names {} pieces; this comm takes {} at most",
+                layout.count,
+                self.pieces.len()
             ));
         }
-        self.settle_once(comm);
+        self.settle_once(comm, layout, false);
         if !self.ops().all(|o| o.status().finished()) {
             return Outcome::Busy;
         }
-        if count > posted {
-            return Outcome::Longer(first + self.later_bytes(comm, posted));
-        }
-        // Pieces beyond the message's were cancelled: their outcome does not count (and
-        // count <= posted: the message's pieces are all of this receive's).
-        let mut bytes = first;
-        for op in &self.more[..count - 1] {
+        let posted = self.posted.load(Ordering::Relaxed);
+        // What arrived, what was sent (`None` once a piece's size is unknown: a last piece
+        // past the buffer's end that the provider reported without its length), and whether
+        // the message was longer than the buffer.
+        let (mut got, mut sent, mut longer) = (0, Some(0), false);
+        for (j, op) in self.pieces[..layout.count].iter().enumerate() {
+            let room = span(posted, layout, j).1;
+            let last = j + 1 == layout.count;
+            // Every piece but the last is of the layout's size.
+            let nominal = (!last).then_some(layout.size);
             match op.status() {
-                Status::Done(len) => bytes += len,
-                _ => return Outcome::Failed(op),
+                Status::Done(len)
+                    if (!last && len == layout.size)
+                        || (last && len >= 1 && len <= layout.size) =>
+                {
+                    got += len;
+                    sent = sent.map(|s| s + len);
+                }
+                // Cut short at the buffer's end, where the provider reports a receive that
+                // overflowed complete with its buffer's length (quirks: truncation unseen).
+                Status::Done(len) if len == room && nominal.map_or(true, |n| room < n) => {
+                    longer = true;
+                    sent = sent.zip(nominal).map(|(s, n)| s + n);
+                }
+                Status::Done(len) => {
+                    return Outcome::Malformed(format!(
+                        "piece {j} of {} has {len} bytes, not the {} its header named",
+                        layout.count, layout.size
+                    ));
+                }
+                _ => match op.failure() {
+                    Some(f) if f.err.unsigned_abs() == sys::FI_ETRUNC => {
+                        longer = true;
+                        sent = sent.map(|s| s + room + f.olen);
+                    }
+                    _ => return Outcome::Failed(op),
+                },
             }
         }
-        Outcome::Done(bytes)
+        match longer {
+            true => Outcome::Longer(sent),
+            false => Outcome::Done(got),
+        }
     }
 
-    /// How many pieces this buffer's receive posted.
-    fn receive_pieces(&self, comm: &Comm) -> usize {
-        pieces(self.posted.load(Ordering::Relaxed), comm.piece)
-    }
-
-    /// The bytes the later pieces of a message longer than the receive carried: what each
-    /// received, and what each truncated one (a drain receives nothing) did not.
-    fn later_bytes(&self, comm: &Comm, posted: usize) -> usize {
-        let len = self.posted.load(Ordering::Relaxed);
-        self.ops()
-            .enumerate()
-            .skip(1)
-            .map(|(j, o)| match o.status() {
-                Status::Done(got) => got,
-                _ => {
-                    let room = match j < posted {
-                        true => span(len, comm.piece, posted, j).1,
-                        false => 0,
-                    };
-                    room + o.failure().map_or(0, |f| f.olen)
-                }
-            })
-            .sum()
-    }
-
-    /// Once the first piece arrived (or failed as longer than the receive): cancels the
-    /// receives of pieces the message does not have, or takes the pieces of a message longer
-    /// than the buffer into the overflow area; once per request. (An error here is the
+    /// Once its header arrived: hands each piece's receive to the driver of the flow it
+    /// travels on, at its offset in the buffer, or (`drain`, or past the buffer's end) as an
+    /// empty receive into the overflow area; once per request. (An error here is the
     /// endpoint's, which the next `test` reports.)
-    fn settle_once(&self, comm: &Comm) {
+    fn settle_once(&self, comm: &Comm, layout: Layout, drain: bool) {
         if self.settled.swap(true, Ordering::AcqRel) {
             return;
         }
-        let count = comm.lane().tags.pieces_of(self.op.tag());
-        let posted = self.receive_pieces(comm);
-        for j in count..posted {
-            let _ = comm.lane().cancel(self.op_of(j));
-        }
-        // A drain is an empty receive: its piece goes to the overflow area, or, where the
-        // endpoint has none, the provider reports it truncated.
-        let (true, Some(owner)) = (count > posted, comm.owner()) else {
+        let Some(owner) = comm.owner() else {
             return;
         };
-        let tag = comm.lane().tags.whole(self.op.tag());
-        self.used.store(count, Ordering::Relaxed);
-        for j in posted..count {
-            let op = self.op_of(j);
+        let posted = self.posted.load(Ordering::Relaxed);
+        let base = comm.lane().tags.whole(self.op.tag());
+        let data = self.buf.load(Ordering::Relaxed);
+        let host = self.host.load(Ordering::Relaxed);
+        self.used.store(layout.count, Ordering::Relaxed);
+        for (j, op) in self.pieces[..layout.count].iter().enumerate() {
+            let k = comm.wire_of(j);
+            let wire = &comm.wires[k];
+            let (off, room) = span(posted, layout, j);
+            let (buf, len, desc, overflow) = match drain || room == 0 {
+                true => (std::ptr::null_mut(), 0, std::ptr::null_mut(), true),
+                // SAFETY: `off` lies within the buffer (room > 0).
+                false => (
+                    unsafe { data.cast::<u8>().add(off) }.cast(),
+                    room,
+                    self.descs[k].load(Ordering::Relaxed),
+                    host,
+                ),
+            };
             op.mark_queued();
-            let _ = comm.lane().enqueue(Post {
+            let _ = wire.lane.enqueue(Post {
                 op,
                 owner: owner.clone(),
                 transfer: Transfer::Recv {
-                    buf: std::ptr::null_mut(),
-                    len: 0,
-                    desc: std::ptr::null_mut(),
-                    src: comm.wire.source(),
-                    tag: comm.lane().tags.piece(tag, j, count),
+                    buf,
+                    len,
+                    desc,
+                    src: wire.source(),
+                    tag: wire
+                        .lane
+                        .tags
+                        .piece(wire.lane.tags.with_id(base, wire.id), j),
                     ignore: 0,
-                    overflow: true,
+                    overflow,
                 },
             });
         }
     }
 
-    /// A failed receive gives up its later pieces (no message will fill them now).
+    /// A failed receive gives up its pieces (no message will fill them now).
     fn let_go(&self, comm: &Comm) {
-        if comm.dir == Direction::Recv && !self.settled.swap(true, Ordering::AcqRel) {
-            for op in self.ops().skip(1) {
+        if comm.dir == Direction::Recv {
+            for (j, op) in self.ops().skip(1).enumerate() {
                 if !op.status().finished() {
-                    let _ = comm.lane().cancel(op);
+                    let _ = comm.wires[comm.wire_of(j)].lane.cancel(op);
                 }
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn messages_are_cut_into_a_piece_per_flow_of_a_power_of_two() {
+        let k = 1 << 10;
+        // Whole: no pieces agreed, one piece's worth, or too short.
+        assert_eq!(cut(8 << 20, 0, 16), None);
+        assert_eq!(cut(256 * k, 256 * k, 16), None);
+        assert_eq!(cut(8 << 20, 256 * k, 1), None);
+        // 8 MiB over 16 flows: 16 pieces of 512 KiB.
+        assert_eq!(
+            cut(8 << 20, 256 * k, 16),
+            Some(Layout {
+                count: 16,
+                size: 512 * k
+            })
+        );
+        // 1 MiB: never below the smallest piece.
+        assert_eq!(
+            cut(1 << 20, 256 * k, 16),
+            Some(Layout {
+                count: 4,
+                size: 256 * k
+            })
+        );
+        // 5 MiB: 10 pieces of 512 KiB (a power of two holding a sixteenth).
+        assert_eq!(
+            cut(5 << 20, 256 * k, 16),
+            Some(Layout {
+                count: 10,
+                size: 512 * k
+            })
+        );
+        // One byte over the smallest piece: two pieces.
+        assert_eq!(
+            cut(256 * k + 1, 256 * k, 16),
+            Some(Layout {
+                count: 2,
+                size: 256 * k
+            })
+        );
+        // A smallest piece that is no power of two rounds up.
+        assert_eq!(
+            cut(1 << 20, 300 * k, 4),
+            Some(Layout {
+                count: 2,
+                size: 512 * k
+            })
+        );
+        for len in [4097, 65_537, 1 << 20, (1 << 30) + 3, 3 << 40] {
+            for most in [2, 4, 7, 16] {
+                for piece in [4096, 65_536, 1 << 20] {
+                    let Some(l) = cut(len, piece, most) else {
+                        assert!(len <= piece, "{len} {piece} {most}");
+                        continue;
+                    };
+                    assert!(l.size.is_power_of_two() && l.size >= piece);
+                    assert!((2..=most).contains(&l.count), "{l:?}");
+                    assert!(l.size * (l.count - 1) < len && len <= l.size * l.count);
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn pieces_span_the_message_and_stop_at_the_buffer_end() {
+        let l = Layout {
+            count: 3,
+            size: 4096,
+        };
+        assert_eq!(span(10_000, l, 0), (0, 4096));
+        assert_eq!(span(10_000, l, 2), (8192, 10_000 - 8192));
+        // A buffer shorter than the message: the piece past its end has no room.
+        assert_eq!(span(5000, l, 1), (4096, 904));
+        assert_eq!(span(5000, l, 2), (8192, 0));
     }
 }

@@ -3,9 +3,13 @@
 //!
 //! ```text
 //! listen : a random token registered on the device's control endpoint; the handle names both
-//! connect: [open sending lane] → CONNECT to the handle's control endpoint → wait for ACK
-//! accept : wait for CONNECT → [open receiving lane] → ACK → wait until the ACK went out
+//! connect: [open sending lanes] → CONNECT to the handle's control endpoint → wait for ACK
+//! accept : wait for CONNECT → [open receiving lanes] → ACK → wait until the ACK went out
 //! ```
+//! A comm that sends long messages in pieces has several flows (see `comm`): its own lane
+//! and the device's lanes after it, each its own connection to the peer. The CONNECT names
+//! the sender's further lanes, the ACK as many of the receiver's (with the comm id each
+//! chose), and the sender lets go of those the receiver did not match.
 //! A connect in progress lives in the device's table, keyed by the handle, so nothing it needs
 //! lives only in NCCL's handle buffer; one NCCL stops calling for is reclaimed. Between two
 //! ranks of this process the messages are handed over directly. No lock shared between
@@ -15,7 +19,9 @@ use crate::comm::{Comm, CommId, Direction, PeerInfo, Terms, Wire};
 use crate::control::{self, Answer, Control, Incoming, ListenSlot, LocalConnect, Peer, Sent};
 use crate::device::{ConnectEntry, Connecting, Device};
 use crate::error::{Error, Result};
-use crate::handshake::{agreed_piece, piece_field, Handle, Kind, Record};
+use crate::handshake::{
+    agreed_piece, flows_field, piece_field, Handle, Kind, Record, MAX_FURTHER_FLOWS, MIN_PIECE,
+};
 use crate::lane::{Lane, Role};
 use crate::nccl::NET_HANDLE_MAXSIZE;
 use crate::plugin::Plugin;
@@ -82,36 +88,60 @@ pub fn listen(
     })
 }
 
-/// What a comm is made on: its lane, the peer's endpoint name there, its id in the tags.
-struct Plan {
-    lane: Arc<Lane>,
-    peer: Vec<u8>,
-    id: CommId,
+/// How many flows a comm of `device` asks for: its own lane, and those its pieces may
+/// spread over when it sends in pieces at all (pieces of `piece` bytes, offered or agreed).
+fn flows_wanted(device: &Device, piece: u64) -> usize {
+    match piece < MIN_PIECE {
+        true => 1,
+        false => device.flows.min(1 + MAX_FURTHER_FLOWS),
+    }
 }
 
-/// Makes a comm on `plan`, giving the lane's user back if that fails.
+/// The further flows of `lanes` as a record field: their addresses, each with the comm id
+/// this end chose there (`ids`) or 0. Lanes whose names do not fit the field are let go.
+fn further(lanes: &mut Vec<Arc<Lane>>, ids: &[u64]) -> Vec<u8> {
+    let flows: Vec<(u64, Vec<u8>)> = lanes[1..]
+        .iter()
+        .enumerate()
+        .map(|(k, l)| (ids.get(k).copied().unwrap_or(0), l.endpoint.name.clone()))
+        .collect();
+    let (field, taken) = flows_field(&flows);
+    lanes.drain(1 + taken..).for_each(|l| l.release_user());
+    field
+}
+
+/// One flow a comm is to have: the lane, the peer's endpoint address there, the comm id.
+type FlowPlan = (Arc<Lane>, Vec<u8>, CommId);
+
+/// Makes a comm on `flows` (its own lane first), giving every lane's user back if that
+/// fails.
 fn comm_on(
     dev: usize,
     dir: Direction,
-    plan: Plan,
+    flows: Vec<FlowPlan>,
     who: crate::handshake::Identity,
     liveness: Arc<Peer>,
     piece: u64,
     plugin: &Plugin,
 ) -> Result<Arc<Comm>> {
-    let Plan { lane, peer, id } = plan;
-    let addr = match lane.peer(&peer) {
-        Ok(a) => a,
-        Err(e) => {
-            lane.release_user();
-            return Err(e);
+    let mut made = Vec::with_capacity(flows.len());
+    let mut plans = flows.into_iter();
+    for (lane, addr, id) in plans.by_ref() {
+        match lane.peer(&addr) {
+            Ok(a) => made.push(Wire::new(lane, a, id)),
+            Err(e) => {
+                lane.release_user();
+                made.iter().for_each(|w: &Wire| w.lane.release_user());
+                plans.for_each(|(l, ..)| l.release_user());
+                return Err(e);
+            }
         }
-    };
+    }
     let stall = plugin.settings.stall_warn_ms;
     Ok(Comm::new(
         dir,
         dev,
-        Wire::new(lane, addr, id),
+        made,
         PeerInfo { who, liveness },
         Terms {
             stall_warn: (stall > 0).then(|| Duration::from_millis(stall)),
@@ -212,24 +242,33 @@ impl ListenComm {
         }
         let device: &Device = &plugin.devices[self.device];
         let piece = agreed_piece(device.piece, incoming.piece);
-        let lane = device.lanes.acquire(Role::Receiving)?;
-        let lease = lane.lease_id();
-        let id = lease.id;
+        let wanted = flows_wanted(device, piece).min(1 + incoming.flows.len());
+        let mut lanes = device.lanes.acquire_flows(Role::Receiving, wanted)?;
+        let leases: Vec<_> = lanes.iter().map(|l| l.lease_id()).collect();
+        let ids: Vec<u64> = leases.iter().map(|l| l.id).collect();
+        let flows = further(&mut lanes, &ids[1..]);
         let liveness = match incoming.local {
             Some(_) => Peer::local(),
             None => self.control.peer(&incoming.reply_to),
         };
-        let receiver = Arc::downgrade(&lane.endpoint);
-        let name = lane.endpoint.name.clone();
-        let plan = Plan {
-            lane,
-            peer: incoming.data.clone(),
-            id: CommId::Leased(lease),
-        };
+        let receiver = Arc::downgrade(&lanes[0].endpoint);
+        let name = lanes[0].endpoint.name.clone();
+        let id = ids[0];
+        let further_flows: Vec<(u64, Vec<u8>)> = (lanes[1..].iter())
+            .zip(&ids[1..])
+            .map(|(l, &id)| (id, l.endpoint.name.clone()))
+            .collect();
+        let peers = std::iter::once(incoming.data.clone()).chain(incoming.flows.iter().cloned());
+        let plans = lanes
+            .into_iter()
+            .zip(peers)
+            .zip(leases)
+            .map(|((lane, addr), lease)| (lane, addr, CommId::Leased(lease)))
+            .collect();
         let comm = comm_on(
             device.index,
             Direction::Recv,
-            plan,
+            plans,
             incoming.who,
             liveness,
             piece,
@@ -242,6 +281,7 @@ impl ListenComm {
                     who: self.control.me,
                     data: name,
                     piece,
+                    flows: further_flows,
                     receiver: Some(receiver),
                 });
                 Sent::delivered()
@@ -252,7 +292,7 @@ impl ListenComm {
                     a: incoming.conn,
                     b: id,
                     who: self.control.me,
-                    fields: vec![name, piece_field(piece)],
+                    fields: vec![name, piece_field(piece), flows],
                 };
                 self.control.send_answer(&incoming.reply_to, ack)
             }
@@ -264,7 +304,7 @@ impl ListenComm {
     pub fn close(self) {
         self.control.unlisten(self.token);
         // An accept whose ACK was still on its way made a comm NCCL never got: it closes
-        // here, giving its lane back.
+        // here, giving its lanes back.
         if let AcceptState::WaitAckSent { comm, .. } =
             std::mem::replace(&mut *self.state.lock(), AcceptState::Done)
         {
@@ -299,7 +339,7 @@ pub fn connect(
                 state: Mutex::new(Connecting {
                     handle,
                     conn: crate::random::u64(),
-                    lane: None,
+                    lanes: Vec::new(),
                     control: None,
                     slot: Arc::default(),
                     sent: None,
@@ -331,16 +371,13 @@ fn advance(c: &mut Connecting, device: &Device, plugin: &Plugin) -> Result<Optio
             plugin.settings.connect_timeout_ms
         )));
     }
-    // Step 1: the sending lane (opening its endpoint if it is the first on its turn).
+    // Step 1: sending lanes (opening an endpoint if it is the first on its turn).
     let offered = device.piece;
-    let lane = match &c.lane {
-        Some(l) => l.clone(),
-        None => {
-            let l = device.lanes.acquire(Role::Sending)?;
-            c.lane = Some(l.clone());
-            l
-        }
-    };
+    if c.lanes.is_empty() {
+        let wanted = flows_wanted(device, offered);
+        c.lanes = device.lanes.acquire_flows(Role::Sending, wanted)?;
+    }
+    let lane = c.lanes[0].clone();
     let control = match &c.control {
         Some(k) => k.clone(),
         None => {
@@ -360,6 +397,10 @@ fn advance(c: &mut Connecting, device: &Device, plugin: &Plugin) -> Result<Optio
                 reply_to: Vec::new(),
                 data: lane.endpoint.name.clone(),
                 piece: offered,
+                flows: c.lanes[1..]
+                    .iter()
+                    .map(|l| l.endpoint.name.clone())
+                    .collect(),
                 local: Some(LocalConnect {
                     reply: c.slot.clone(),
                     sender: Arc::downgrade(&lane.endpoint),
@@ -369,6 +410,7 @@ fn advance(c: &mut Connecting, device: &Device, plugin: &Plugin) -> Result<Optio
                 .connect_locally(c.handle.token, incoming)
                 .map_err(Error::Remote)?;
         } else {
+            let flows = further(&mut c.lanes, &[]);
             let connect = Record {
                 kind: Kind::Connect,
                 a: c.handle.token,
@@ -378,6 +420,7 @@ fn advance(c: &mut Connecting, device: &Device, plugin: &Plugin) -> Result<Optio
                     control.address.clone(),
                     lane.endpoint.name.clone(),
                     piece_field(offered),
+                    flows,
                 ],
             };
             control.send_connect(&c.handle.addr, connect, c.slot.clone());
@@ -386,7 +429,7 @@ fn advance(c: &mut Connecting, device: &Device, plugin: &Plugin) -> Result<Optio
     // Step 3: the answer. None of the providers reports a refused connection (rxm and tcp
     // retry, shm waits for the name to appear): one that has not answered for a while is
     // checked once.
-    let (id, who, data_addr, piece, receiver) = match c.slot.take() {
+    let (id, who, data_addr, piece, flows, receiver) = match c.slot.take() {
         None if !local
             && !c.checked
             && c.sent.is_some_and(|t| t.elapsed() >= REFUSAL_CHECK_AFTER) =>
@@ -412,8 +455,9 @@ fn advance(c: &mut Connecting, device: &Device, plugin: &Plugin) -> Result<Optio
             who,
             data,
             piece,
+            flows,
             receiver,
-        }) => (id, who, data, piece, receiver),
+        }) => (id, who, data, piece, flows, receiver),
     };
     if let Some(r) = receiver {
         if crate::quirks::sender_waits_for_receiver(&lane.endpoint.provider) {
@@ -424,18 +468,38 @@ fn advance(c: &mut Connecting, device: &Device, plugin: &Plugin) -> Result<Optio
         true => Peer::local(),
         false => control.peer(&c.handle.addr),
     };
-    let lane = c.lane.take().expect("acquired in step 1");
+    let mut lanes = std::mem::take(&mut c.lanes);
+    let offered_flows = lanes.len() - 1;
     // The listener agreed it, from the offer above: never more than this end offers.
     let piece = agreed_piece(offered, piece);
-    let plan = Plan {
-        lane,
-        peer: data_addr,
-        id: CommId::Peer(id),
-    };
+    if flows.len() >= lanes.len() || (piece == 0 && !flows.is_empty()) {
+        lanes.into_iter().for_each(|l| l.release_user());
+        return Err(Error::Remote(format!(
+            "the listener answered with {} further flows for a comm that offered {}{}: not \
+             this plugin, or not in step with it",
+            flows.len(),
+            offered_flows,
+            if piece == 0 {
+                " and whole messages"
+            } else {
+                ""
+            }
+        )));
+    }
+    // Lanes the listener did not match go back.
+    lanes
+        .drain(1 + flows.len()..)
+        .for_each(|l| l.release_user());
+    let peers = std::iter::once((id, data_addr)).chain(flows);
+    let plans = lanes
+        .into_iter()
+        .zip(peers)
+        .map(|(lane, (id, addr))| (lane, addr, CommId::Peer(id)))
+        .collect();
     let comm = comm_on(
         device.index,
         Direction::Send,
-        plan,
+        plans,
         who,
         liveness,
         piece,

@@ -103,6 +103,12 @@ impl Peer {
         })
     }
 
+    /// How long it may leave probes unanswered (`NCCL_FABRIC_PEER_TIMEOUT_MS`; forever for a
+    /// peer in this process).
+    pub fn timeout(&self) -> Duration {
+        self.liveness.timeout
+    }
+
     /// Why the peer is known dead, if it is.
     pub fn dead(&self) -> Option<&str> {
         self.dead.get().map(String::as_str)
@@ -205,6 +211,9 @@ pub struct Incoming {
     pub data: Vec<u8>,
     /// The piece size the connector offers (see `handshake::agreed_piece`).
     pub piece: u64,
+    /// The addresses of the connector's further sending flows (see `comm`: pieces spread
+    /// over them).
+    pub flows: Vec<Vec<u8>>,
     /// Set for a connect from this same process.
     pub local: Option<LocalConnect>,
 }
@@ -247,6 +256,8 @@ pub enum Answer {
         data: Vec<u8>,
         /// The piece size both ends use.
         piece: u64,
+        /// The listener's further receiving flows: comm id and address of each.
+        flows: Vec<(u64, Vec<u8>)>,
         /// For a listener in this process: its receiving lane's endpoint.
         receiver: Option<Weak<Endpoint>>,
     },
@@ -833,6 +844,7 @@ impl Station {
                 reply_to,
                 data,
                 piece,
+                flows,
             } => {
                 let slot = control.listeners.lock().get(&token).cloned();
                 let offered = match slot {
@@ -842,6 +854,7 @@ impl Station {
                         reply_to: reply_to.clone(),
                         data,
                         piece,
+                        flows: flows.into_iter().map(|(_, addr)| addr).collect(),
                         local: None,
                     }),
                     None => Err("no listen comm has that handle (closed, or stale)"),
@@ -867,12 +880,14 @@ impl Station {
                 who,
                 data,
                 piece,
+                flows,
             } => match control.connects.lock().remove(&conn) {
                 Some(s) => s.answer(Answer::Ack {
                     id,
                     who,
                     data,
                     piece,
+                    flows,
                     receiver: None,
                 }),
                 None => self.note_bad("an ACK for no connect in progress (stale, or forged)"),

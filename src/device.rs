@@ -39,13 +39,14 @@ pub struct Properties {
 }
 
 /// A connect in progress (its steps are in `connection`). Dropping it gives back what it
-/// holds: its lane, and its place in the control endpoint's table of answers awaited.
+/// holds: its lanes, and its place in the control endpoint's table of answers awaited.
 pub struct Connecting {
     pub handle: Handle,
     /// Random: the id the listener's answer names.
     pub conn: u64,
-    /// Its sending lane once acquired.
-    pub lane: Option<Arc<Lane>>,
+    /// Its sending lanes once acquired: its own first, then those its pieces may spread
+    /// over.
+    pub lanes: Vec<Arc<Lane>>,
     pub control: Option<Arc<Control>>,
     pub slot: Arc<ConnectSlot>,
     /// When the CONNECT went out: the timeout counts from then (opening this side's
@@ -61,7 +62,7 @@ impl Drop for Connecting {
         if let Some(c) = &self.control {
             c.forget_connect(self.conn);
         }
-        if let Some(lane) = self.lane.take() {
+        for lane in self.lanes.drain(..) {
             lane.release_user();
         }
     }
@@ -85,6 +86,8 @@ pub struct Device {
     /// The piece size its comms offer their peers (0: whole messages; see `comm`), decided
     /// at init from the setting and the provider.
     pub piece: u64,
+    /// How many flows its comms ask for (see `comm`), decided at init.
+    pub flows: usize,
     /// What NCCL's registrations on this device said about GPU buffers.
     pub buffers: crate::gdr::BufferReport,
     liveness: Liveness,
@@ -106,6 +109,7 @@ impl Device {
         lanes: Arc<LanePool>,
         expected_answer: Option<i32>,
         piece: u64,
+        flows: usize,
         liveness: Liveness,
         control_home: Option<(Arc<Domain>, String)>,
     ) -> Self {
@@ -126,6 +130,7 @@ impl Device {
             lanes,
             expected_answer,
             piece,
+            flows,
             liveness,
             control_home,
             control: Mutex::new(None),

@@ -14,14 +14,13 @@ use crate::endpoint::{Endpoint, Event, Failure, Queue, Retired};
 use crate::error::{Error, Result};
 use crate::op::{Op, Status};
 use crate::sys;
-use crate::wake::Bell;
+use crate::wake::{Sleep, Waker};
 use parking_lot::Mutex;
 use std::any::Any;
 use std::collections::{HashMap, VecDeque};
 use std::ffi::c_void;
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, OnceLock, Weak};
-use std::thread::Thread;
 use std::time::{Duration, Instant};
 
 /// Completion batches read per turn before returning.
@@ -144,70 +143,24 @@ pub enum Command {
 pub struct Inbox {
     queue: Mutex<VecDeque<Command>>,
     len: AtomicUsize,
-    /// The thread that drives, woken when a command arrives while it naps.
-    worker: OnceLock<Thread>,
-    /// Rung when a command arrives while the worker sleeps in `poll` (see [`Inbox::doze`]);
-    /// `None` once making it failed.
-    bell: OnceLock<Option<Bell>>,
-    asleep: AtomicBool,
+    /// The progress thread that drives, woken when a command arrives (none where NCCL's
+    /// calls drive).
+    waker: OnceLock<Arc<Waker>>,
 }
 
 impl Inbox {
-    pub fn set_worker(&self, t: Thread) {
-        let _ = self.worker.set(t);
+    /// The progress thread that drives from now on.
+    pub fn set_waker(&self, w: Arc<Waker>) {
+        let _ = self.waker.set(w);
     }
     pub fn push(&self, c: Command) {
         let mut q = self.queue.lock();
         q.push_back(c);
         self.len.store(q.len(), Ordering::Release);
         drop(q);
-        self.wake_worker();
-    }
-
-    /// Wakes the worker if it naps or sleeps (a command came, or it is to stop).
-    pub fn wake_worker(&self) {
-        // Pairs with the fence in `doze`: either the worker sees the command before it
-        // sleeps, or this sees it asleep and rings.
-        std::sync::atomic::fence(Ordering::SeqCst);
-        if self.asleep.load(Ordering::Relaxed) {
-            if let Some(Some(b)) = self.bell.get() {
-                b.ring();
-            }
+        if let Some(w) = self.waker.get() {
+            w.wake();
         }
-        if let Some(t) = self.worker.get() {
-            t.unpark();
-        }
-    }
-
-    /// The bell the worker sleeps on beside its provider's fd, made at the first call
-    /// (`None` if the system had no eventfd left then).
-    pub fn bell(&self) -> Option<&Bell> {
-        self.bell
-            .get_or_init(|| {
-                Bell::new()
-                    .map_err(|e| {
-                        tracing::debug!("no eventfd for a progress thread ({e}); it naps instead")
-                    })
-                    .ok()
-            })
-            .as_ref()
-    }
-
-    /// Marks the worker asleep for `sleep` (which polls the bell): skipped if a command is
-    /// waiting or the worker is to stop (`stop`, set before [`Inbox::wake_worker`] is
-    /// called). False if there is no bell to sleep on.
-    pub fn doze(&self, stop: &AtomicBool, sleep: impl FnOnce(&Bell)) -> bool {
-        let Some(bell) = self.bell() else {
-            return false;
-        };
-        self.asleep.store(true, Ordering::Relaxed);
-        std::sync::atomic::fence(Ordering::SeqCst);
-        if self.is_empty() && !stop.load(Ordering::Relaxed) {
-            sleep(bell);
-        }
-        self.asleep.store(false, Ordering::Relaxed);
-        bell.silence();
-        true
     }
     pub fn is_empty(&self) -> bool {
         self.len.load(Ordering::Acquire) == 0
@@ -230,6 +183,8 @@ pub struct Health {
     /// Counts errors the provider reported without an operation (an error of the endpoint,
     /// such as a lost connection): users then check their peers at once.
     stray_errors: AtomicU64,
+    /// Operations in the provider's hands or waiting for it, as of the driver's last turn.
+    in_flight: AtomicUsize,
 }
 
 impl Health {
@@ -238,6 +193,10 @@ impl Health {
     }
     pub fn stray_errors(&self) -> u64 {
         self.stray_errors.load(Ordering::Acquire)
+    }
+    /// Whether the driver held operations at the end of its last turn.
+    pub fn in_flight(&self) -> bool {
+        self.in_flight.load(Ordering::Acquire) > 0
     }
     pub fn check(&self) -> Result<()> {
         match self.broken() {
@@ -321,29 +280,19 @@ impl Driver {
         self.in_flight.len() + self.waiting.len()
     }
 
-    /// Whether the queue has a wait object to sleep on (see [`Driver::sleep`]).
-    pub fn can_sleep(&self) -> bool {
-        self.queue.wait_fd().is_some()
-    }
-
-    /// Sleeps until the provider has progress to make, a command arrives, `stop` is set (and
-    /// the inbox's worker woken), or `timeout` passes, where the provider's wait object tells
-    /// all (see `quirks`). True: turn again now (it slept, or something is ready); false: it
-    /// cannot sleep (no wait object or bell, or posts the provider refused wait to be tried
-    /// again), so the caller spins, yields or naps.
-    pub fn sleep(&mut self, timeout: Duration, stop: &AtomicBool) -> bool {
+    /// Whether it may sleep now, after a turn that found nothing (see [`Sleep`]): on the
+    /// provider's wait object, where `fi_trywait` says nothing is ready.
+    pub fn sleep_check(&mut self) -> Sleep {
         let Some(fd) = self.queue.wait_fd() else {
-            return false;
+            return Sleep::Cannot;
         };
         if !self.waiting.is_empty() {
-            return false;
+            return Sleep::Cannot;
         }
-        if !self.queue.may_sleep() {
-            return true;
+        match self.queue.may_sleep() {
+            true => Sleep::On(fd),
+            false => Sleep::Ready,
         }
-        self.inbox.doze(stop, |bell| {
-            crate::wake::readable(&[fd, bell.fd()], timeout);
-        })
     }
 
     /// One round: take commands, post, read completions, renew sinks. Returns how much
@@ -367,6 +316,9 @@ impl Driver {
         if !self.sinks.is_empty() {
             self.renew_sinks();
         }
+        self.health
+            .in_flight
+            .store(self.in_flight(), Ordering::Release);
         Ok(work)
     }
 

@@ -4,8 +4,9 @@
 //! ```text
 //! listen  : handle  {listen token, control nonce, owner host/pid, control address}
 //! connect : CONNECT {listen token, conn id, sender host/pid, sender control + data address,
-//!                    piece size offered} ──▶
-//! accept  : ◀── ACK {conn id, comm id, receiver host/pid, receiver data address, piece size}
+//!                    piece size offered, the sender's further flows} ──▶
+//! accept  : ◀── ACK {conn id, comm id, receiver host/pid, receiver data address, piece size,
+//!                    the receiver's further flows with their comm ids}
 //!           ◀── NACK {conn id, reason}   (no such listen comm, or already connected)
 //! liveness: PING {token, reply address} ──▶   ◀── PONG {token}
 //! ```
@@ -16,14 +17,14 @@ use crate::error::{Error, Result};
 use crate::nccl::NET_HANDLE_MAXSIZE;
 
 pub const MAGIC: u32 = 0x4e46_4142; // "NFAB"
-pub const VERSION: u8 = 5;
+pub const VERSION: u8 = 6;
 
 const HEADER: usize = 40;
 /// Longest address a record field may carry: the longest endpoint name of any provider
 /// (ucx: 1024 bytes).
 pub const MAX_ADDR: usize = 1024;
-/// Most byte fields a record has (a CONNECT: control address, data address, piece size).
-pub const MAX_FIELDS: usize = 3;
+/// Most byte fields a record has.
+pub const MAX_FIELDS: usize = 4;
 /// Size of a control message buffer: the header and the most fields, each of the longest
 /// address. A message goes out only as long as its record ([`Record::encoded_len`]).
 pub const MSG_SIZE: usize = HEADER + MAX_FIELDS * (2 + MAX_ADDR);
@@ -297,8 +298,59 @@ pub fn piece_field(bytes: u64) -> Vec<u8> {
     bytes.to_le_bytes().to_vec()
 }
 
+/// A comm's flows after its first (see `comm`: pieces spread over them), as a record field:
+/// per flow its comm id (0 in a CONNECT, where the receiver has not chosen them yet), the
+/// length of its endpoint's address (u16) and the address. As many as fit one field; the
+/// second value says how many that is (the comm lets go of the rest).
+pub fn flows_field(flows: &[(u64, Vec<u8>)]) -> (Vec<u8>, usize) {
+    let mut out = Vec::new();
+    let mut taken = 0;
+    for (id, addr) in flows.iter().take(MAX_FURTHER_FLOWS) {
+        let Ok(len) = u16::try_from(addr.len()) else {
+            break;
+        };
+        if out.len() + 10 + addr.len() > MAX_ADDR {
+            break;
+        }
+        out.extend_from_slice(&id.to_le_bytes());
+        out.extend_from_slice(&len.to_le_bytes());
+        out.extend_from_slice(addr);
+        taken += 1;
+    }
+    (out, taken)
+}
+
+/// Most flows after its first that a comm's pieces spread over.
+pub const MAX_FURTHER_FLOWS: usize = crate::tags::MAX_PIECES - 1;
+
+/// Reads a [`flows_field`], every address held to `shape`.
+fn read_flows(field: &[u8], shape: &Shape, what: &str) -> Result<Vec<(u64, Vec<u8>)>> {
+    let bad = |why: String| Error::InvalidArgument(format!("malformed {what}: {why}"));
+    let mut flows = Vec::new();
+    let mut rest = field;
+    while !rest.is_empty() {
+        if flows.len() == MAX_FURTHER_FLOWS {
+            return Err(bad(format!("more than {MAX_FURTHER_FLOWS} further flows")));
+        }
+        let (head, tail) = rest
+            .split_at_checked(10)
+            .ok_or_else(|| bad("a further flow cut short".into()))?;
+        let id = u64::from_le_bytes(head[..8].try_into().expect("8"));
+        let len = usize::from(u16::from_le_bytes([head[8], head[9]]));
+        let (addr, tail) = tail
+            .split_at_checked(len)
+            .ok_or_else(|| bad(format!("a further flow's address of {len} bytes cut short")))?;
+        shape
+            .check(addr)
+            .map_err(|e| bad(format!("a further flow: {e}")))?;
+        flows.push((id, addr.to_vec()));
+        rest = tail;
+    }
+    Ok(flows)
+}
+
 /// Smallest piece size used: below it messages go whole (pieces of a few bytes only cost).
-pub const MIN_PIECE: u64 = 4096;
+pub const MIN_PIECE: u64 = crate::tags::PIECE_UNIT as u64;
 
 /// The piece size two peers use: the smaller of what each offers, none if either offers
 /// none or less than [`MIN_PIECE`].
@@ -323,14 +375,18 @@ pub enum Message {
         data: Vec<u8>,
         /// The piece size the connector offers (0: none; a peer without the field).
         piece: u64,
+        /// The connector's further sending flows (ids 0), if it offers to spread pieces.
+        flows: Vec<(u64, Vec<u8>)>,
     },
-    /// Connect `conn` accepted: send to comm `id` at `data`, in pieces of `piece` bytes.
+    /// Connect `conn` accepted: send to comm `id` at `data`, in pieces of `piece` bytes,
+    /// pieces after the first also over the further flows `flows` (each with its comm id).
     Ack {
         conn: u64,
         id: u64,
         who: Identity,
         data: Vec<u8>,
         piece: u64,
+        flows: Vec<(u64, Vec<u8>)>,
     },
     /// Connect `conn` refused, and why.
     Nack {
@@ -375,6 +431,11 @@ impl Message {
                     }),
             }
         };
+        let flows = |i: usize| -> Result<Vec<(u64, Vec<u8>)>> {
+            r.fields
+                .get(i)
+                .map_or(Ok(Vec::new()), |f| read_flows(f, data, &what))
+        };
         Ok(match r.kind {
             Kind::Connect => Message::Connect {
                 token: r.a,
@@ -383,6 +444,7 @@ impl Message {
                 reply_to: address(0, control)?,
                 data: address(1, data)?,
                 piece: number(2)?,
+                flows: flows(3)?,
             },
             Kind::Ack => Message::Ack {
                 conn: r.a,
@@ -390,6 +452,7 @@ impl Message {
                 who: r.who,
                 data: address(0, data)?,
                 piece: number(1)?,
+                flows: flows(2)?,
             },
             Kind::Nack => Message::Nack {
                 conn: r.a,
@@ -435,6 +498,37 @@ mod tests {
         );
         assert_eq!(agreed_piece(1 << 20, u64::MAX), 1 << 20);
         assert_eq!(agreed_piece(MIN_PIECE, MIN_PIECE), MIN_PIECE);
+    }
+
+    #[test]
+    fn further_flows_round_trip_and_are_checked() {
+        use crate::address::Shape;
+        let shape = Shape::of(crate::sys::FI_FORMAT_UNSPEC, &[1; 16]);
+        let flows = vec![(7u64, vec![1u8; 16]), (9, vec![2; 16])];
+        let (field, n) = flows_field(&flows);
+        assert_eq!(n, 2);
+        assert_eq!(read_flows(&field, &shape, "ACK").unwrap(), flows);
+        assert_eq!(read_flows(&[], &shape, "ACK").unwrap(), vec![]);
+        let cut = read_flows(&field[..field.len() - 1], &shape, "ACK").unwrap_err();
+        assert!(cut.to_string().contains("cut short"), "{cut}");
+        let (odd, _) = flows_field(&[(1, vec![1; 15])]);
+        assert!(read_flows(&odd, &shape, "ACK").is_err(), "another shape");
+        // A forged field with one flow too many is refused; this end never writes one.
+        let (mut many, n) = flows_field(&vec![(1, vec![1; 16]); MAX_FURTHER_FLOWS + 1]);
+        assert_eq!(n, MAX_FURTHER_FLOWS, "no more than a comm may have");
+        let extra = many[..26].to_vec();
+        many.extend_from_slice(&extra);
+        let e = read_flows(&many, &shape, "ACK").unwrap_err().to_string();
+        assert!(e.contains("more than"), "{e}");
+        // Only as many as fit one field go (long names: fewer flows).
+        let (field, n) = flows_field(&vec![(1, vec![0; 400]); 4]);
+        assert_eq!(n, 2);
+        assert!(field.len() <= MAX_ADDR);
+        assert_eq!(
+            flows_field(&[(1, vec![0; MAX_ADDR])]).1,
+            0,
+            "too long for a field"
+        );
     }
 
     fn sample() -> Handle {
@@ -555,7 +649,9 @@ mod tests {
             .to_string();
         assert!(err.contains("not an address of this provider"), "{err}");
         let mut full = r.clone();
-        full.fields = vec![vec![3; MAX_ADDR]; MAX_FIELDS];
+        full.fields.push(vec![3; MAX_ADDR]);
+        full.fields.push(vec![4; MAX_ADDR]);
+        full.fields[0] = vec![3; MAX_ADDR];
         assert_eq!(
             full.encoded_len(),
             MSG_SIZE,

@@ -21,13 +21,14 @@ use crate::driver::{Command, Driver, Health, Inbox, Post};
 use crate::endpoint::Endpoint;
 use crate::error::Result;
 use crate::fabric::Domain;
-use crate::progress::Progress;
+use crate::progress::{Crew, Driven, Worker};
 use crate::sys;
 use crate::tags::Tags;
+use crate::wake::Sleep;
 use parking_lot::Mutex;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, Weak};
+use std::sync::{Arc, OnceLock, Weak};
 use std::time::Duration;
 
 /// Which side of a comm pair a lane serves.
@@ -39,16 +40,6 @@ pub enum Role {
     Sending = 1,
 }
 
-/// Who drives a lane.
-enum Link {
-    /// NCCL's calls, one at a time under the lane's lock.
-    Caller(Box<Driver>),
-    /// Its own progress thread.
-    Thread(Progress),
-    /// Retired.
-    Gone,
-}
-
 /// One data endpoint and its driver.
 pub struct Lane {
     pub endpoint: Arc<Endpoint>,
@@ -58,7 +49,12 @@ pub struct Lane {
     pub threaded: bool,
     inbox: Arc<Inbox>,
     health: Arc<Health>,
-    link: Mutex<Link>,
+    /// Its driver (`None` once retired): whoever holds this lock takes the driver's turn, its
+    /// progress thread or an NCCL call.
+    link: Mutex<Option<Box<Driver>>>,
+    /// The progress thread that drives it, and the crew that thread belongs to (kept while
+    /// the lane lives).
+    worker: OnceLock<(Arc<Worker>, Arc<Crew>)>,
     /// Ids of the comms on this lane (drawn at random, see `tags`).
     ids: Mutex<std::collections::HashSet<u64>>,
     /// Peers already in the address vector: each address is inserted once.
@@ -90,8 +86,8 @@ impl Lane {
             .store(crate::control::now_ms(), Ordering::Relaxed);
         let back = match self.link.try_lock() {
             Some(mut link) => match &mut *link {
-                Link::Caller(d) => d.post_now(post)?,
-                _ => {
+                Some(d) => d.post_now(post)?,
+                None => {
                     return Err(crate::error::Error::InvalidArgument(
                         "the endpoint is closed".into(),
                     ))
@@ -119,7 +115,7 @@ impl Lane {
                 continue;
             }
             if let Some(mut link) = lane.link.try_lock() {
-                if let Link::Caller(d) = &mut *link {
+                if let Some(d) = &mut *link {
                     let _ = d.turn();
                 }
             }
@@ -156,7 +152,7 @@ impl Lane {
             self.last_call
                 .store(crate::control::now_ms(), Ordering::Relaxed);
             if let Some(mut link) = self.link.try_lock() {
-                if let Link::Caller(d) = &mut *link {
+                if let Some(d) = &mut *link {
                     d.turn()?;
                 }
             }
@@ -177,7 +173,7 @@ impl Lane {
             return;
         }
         if let Some(mut link) = self.link.try_lock() {
-            if let Link::Caller(d) = &mut *link {
+            if let Some(d) = &mut *link {
                 if d.in_flight() > 0 {
                     let _ = d.turn();
                 }
@@ -259,13 +255,13 @@ impl Lane {
     /// Takes the driver back from whoever drives, and closes the endpoint, or hands the
     /// driver to `adopt` when the provider still holds operations.
     fn retire(&self, adopt: Option<&Adopt>) {
-        let link = std::mem::replace(&mut *self.link.lock(), Link::Gone);
-        let driver = match link {
-            Link::Caller(d) => Some(*d),
-            Link::Thread(p) => p.stop(),
-            Link::Gone => None,
+        if let Some((worker, _)) = self.worker.get() {
+            worker.remove((self as *const Lane).cast());
+        }
+        // A progress thread's turn in progress ends before the lock is had.
+        let Some(mut driver) = self.link.lock().take().map(|d| *d) else {
+            return;
         };
-        let Some(mut driver) = driver else { return };
         // Nobody uses the endpoint any more: what is still posted is cancelled (but sinks,
         // which let the peer's last sends finish), and cancellations may complete now.
         let _ = driver.turn();
@@ -292,6 +288,37 @@ impl Drop for IdLease {
     }
 }
 
+impl Driven for Lane {
+    fn turn(&self) -> Option<Result<usize>> {
+        let mut link = self.link.try_lock()?;
+        Some(link.as_mut()?.turn())
+    }
+    fn busy(&self) -> bool {
+        self.health.broken().is_none() && (!self.inbox.is_empty() || self.health.in_flight())
+    }
+    fn idle(&self) -> bool {
+        match self.link.try_lock() {
+            Some(link) => link.as_ref().map_or(true, |d| d.idle()),
+            None => false,
+        }
+    }
+    fn sleep_check(&self) -> Sleep {
+        match self.link.try_lock() {
+            Some(mut link) => match link.as_mut() {
+                Some(d) if self.health.broken().is_none() => d.sleep_check(),
+                // Nothing to wait for on a retired or failed endpoint (poll(2) passes over a
+                // negative fd).
+                _ => Sleep::On(-1),
+            },
+            // Someone else takes its turn right now: look again soon.
+            None => Sleep::Ready,
+        }
+    }
+    fn has_commands(&self) -> bool {
+        !self.inbox.is_empty()
+    }
+}
+
 /// Where a retired lane's driver goes when the provider still holds operations.
 pub type Adopt = Box<dyn Fn(Driver) + Send + Sync>;
 
@@ -304,7 +331,9 @@ pub struct LaneConfig {
     pub domain: Arc<Domain>,
     /// With GPU buffers allowed, every endpoint must answer setopt as the probe did.
     pub expected_answer: Option<i32>,
-    pub threaded: bool,
+    /// Progress threads that drive the device's lanes (0: NCCL's calls drive them).
+    pub threads: usize,
+    /// Lanes per role: each comm's flows are that many of them at most.
     pub lanes: usize,
     pub per_comm: bool,
     /// The device's name, for log lines.
@@ -317,7 +346,7 @@ pub struct LaneConfig {
     /// came for [`NUDGE`] (off where only NCCL's threads may drive the provider: see
     /// `quirks::progress_needs_cuda_context`).
     pub nudge: bool,
-    /// How long progress threads spin before they sleep on the provider's wait object
+    /// How long progress threads spin before they sleep on the providers' wait objects
     /// (`None`: never, or no progress threads, or a provider whose wait object would not
     /// wake them; see `progress`).
     pub spin: Option<Duration>,
@@ -348,6 +377,11 @@ pub struct LanePool {
     spare: Mutex<[Vec<Arc<Lane>>; 2]>,
     /// Whether the control thread's turns ([`LanePool::keep_nudging`]) were started.
     nudging: AtomicBool,
+    /// The progress threads, started with the first lane; its lanes hold it, so the
+    /// threads end with the last lane (after finalize, or a quiet spell past the linger time).
+    crew: Mutex<Weak<Crew>>,
+    /// Whether no progress thread could start: NCCL's calls drive from then on.
+    crewless: AtomicBool,
 }
 
 impl Drop for LanePool {
@@ -380,7 +414,63 @@ impl LanePool {
             members: Mutex::new(Vec::new()),
             spare: Mutex::new([Vec::new(), Vec::new()]),
             nudging: AtomicBool::new(false),
+            crew: Mutex::new(Weak::new()),
+            crewless: AtomicBool::new(false),
         })
+    }
+
+    /// How many flows a comm gets at most: lanes after its own, in the pool's order (a lane
+    /// per comm gets no more).
+    pub fn most_flows(&self) -> usize {
+        match self.config.per_comm {
+            true => 1,
+            false => self.config.lanes.max(1),
+        }
+    }
+
+    /// The progress threads, started when a lane opens and none runs (`None` where NCCL's
+    /// calls drive, or no thread could start).
+    fn crew(&self) -> Option<Arc<Crew>> {
+        if self.config.threads == 0 || self.crewless.load(Ordering::Relaxed) {
+            return None;
+        }
+        let mut crew = self.crew.lock();
+        if let Some(running) = crew.upgrade() {
+            return Some(running);
+        }
+        match Crew::start(self.config.threads, self.config.spin) {
+            Some(started) => {
+                let started = Arc::new(started);
+                *crew = Arc::downgrade(&started);
+                Some(started)
+            }
+            None => {
+                self.crewless.store(true, Ordering::Relaxed);
+                None
+            }
+        }
+    }
+
+    /// Up to `n` lanes for a new comm, one per flow: the one whose turn it is, then those
+    /// after it in the pool. Only the first must open; the comm goes without the others
+    /// when they fail.
+    pub fn acquire_flows(self: &Arc<Self>, role: Role, n: usize) -> Result<Vec<Arc<Lane>>> {
+        let first = self.acquire(role)?;
+        let (Some(slot), n) = (first.slot, n.min(self.most_flows())) else {
+            return Ok(vec![first]);
+        };
+        let mut lanes = vec![first];
+        for k in 1..n {
+            let index = (slot + k) % self.config.lanes.max(1);
+            match self.acquire_slot(role, index) {
+                Ok(lane) => lanes.push(lane),
+                Err(e) => {
+                    tracing::debug!("a further flow for a comm could not open: {e}");
+                    break;
+                }
+            }
+        }
+        Ok(lanes)
     }
 
     /// A lane for a new comm, opened if its turn has none yet. The pool's lock is not held
@@ -594,13 +684,8 @@ impl LanePool {
         let health = Arc::new(Health::default());
         let label = format!("{} endpoint on {}", endpoint.provider, c.label);
         let driver = Driver::new(queue, inbox.clone(), health.clone(), label);
-        let (link, threaded) = match c.threaded {
-            true => match Progress::spawn(driver, &inbox, c.spin) {
-                Ok(p) => (Link::Thread(p), true),
-                Err(d) => (Link::Caller(d), false),
-            },
-            false => (Link::Caller(Box::new(driver)), false),
-        };
+        let crew = self.crew();
+        let threaded = crew.is_some();
         tracing::debug!(
             "endpoint opened on {} for {:?} comms ({}; setopt FI_OPT_CUDA_API_PERMITTED=false \
              answered {}; {})",
@@ -609,7 +694,7 @@ impl LanePool {
             crate::fabric::address_text(&endpoint.name),
             crate::provider::errno_name(endpoint.cuda_api_answer),
             match threaded {
-                true => "its progress thread drives it",
+                true => "a progress thread drives it",
                 false => "NCCL's calls drive it",
             }
         );
@@ -620,7 +705,8 @@ impl LanePool {
             threaded,
             inbox,
             health,
-            link: Mutex::new(link),
+            link: Mutex::new(Some(Box::new(driver))),
+            worker: OnceLock::new(),
             ids: Mutex::new(std::collections::HashSet::new()),
             peers: Mutex::new(HashMap::new()),
             users: AtomicUsize::new(1),
@@ -629,6 +715,11 @@ impl LanePool {
             pool: Arc::downgrade(self),
             slot,
         });
+        if let Some(crew) = crew {
+            let worker = crew.adopt(lane.clone());
+            lane.inbox.set_waker(worker.waker().clone());
+            let _ = lane.worker.set((worker, crew));
+        }
         if !threaded && c.nudge && !self.nudging.swap(true, Ordering::Relaxed) {
             self.keep_nudging();
         }

@@ -3,10 +3,12 @@
 //! - `FI_MR_PROV_KEY` absent: every registration asks for a unique key (tcp, rxm and shm fail
 //!   a repeated one with -FI_ENOKEY), so registering the same range again just works.
 //! - `FI_MR_ENDPOINT`: the registration is bound to the comm's endpoint and enabled.
+//! - A comm whose pieces spread over several flows (lanes) has the buffer registered in each
+//!   lane's domain.
 //! - Host buffers use iface `FI_HMEM_SYSTEM`; CUDA buffers (only when GPU buffers were
 //!   allowed at init) use `FI_HMEM_CUDA` with the buffer's device.
 
-use crate::comm::Comm;
+use crate::comm::{Comm, Descs, NO_DESCS};
 use crate::error::{check, Result};
 use crate::fabric::close_fid;
 use crate::lane::Lane;
@@ -26,13 +28,18 @@ pub enum Memory {
     Cuda { device: i32 },
 }
 
-/// NCCL's mhandle: the buffer registered in the domain of its comm's lane.
+/// NCCL's mhandle: the buffer registered in the domain of each of its comm's flows.
 pub struct MemoryRegion {
+    regs: Vec<Registration>,
+    pub memory: Memory,
+}
+
+/// The buffer in one lane's domain.
+struct Registration {
     mr: *mut sys::fid_mr,
     desc: *mut c_void,
     /// Keeps the lane (a user of it) and its domain open while the registration exists.
     lane: Arc<Lane>,
-    pub memory: Memory,
 }
 
 impl crate::opaque::Kind for MemoryRegion {
@@ -40,7 +47,7 @@ impl crate::opaque::Kind for MemoryRegion {
     const NAME: &'static str = "mhandle";
 }
 
-// SAFETY: the registration is immutable after creation; libfabric objects are thread-safe
+// SAFETY: the registrations are immutable after creation; libfabric objects are thread-safe
 // (FI_THREAD_SAFE) and closed once, from Drop.
 unsafe impl Send for MemoryRegion {}
 // SAFETY: as above.
@@ -55,7 +62,49 @@ impl MemoryRegion {
         size: usize,
         memory: Memory,
     ) -> Result<Self> {
-        let lane = comm.lane();
+        let mut region = MemoryRegion {
+            regs: Vec::with_capacity(comm.flows()),
+            memory,
+        };
+        for lane in comm.lanes() {
+            // SAFETY: per the caller. A failure drops what was registered so far.
+            region
+                .regs
+                .push(unsafe { Registration::new(lane, data, size, memory)? });
+        }
+        Ok(region)
+    }
+
+    /// The descriptor on each flow of the comm it was registered on.
+    pub fn descs(&self) -> Descs {
+        let mut descs = NO_DESCS;
+        for (d, r) in descs.iter_mut().zip(&self.regs) {
+            *d = r.desc;
+        }
+        descs
+    }
+
+    /// Whether this registration belongs to `comm`'s domains: endpoints each have their own,
+    /// so a registration made on one comm is no descriptor for another.
+    pub fn fits(&self, comm: &Comm) -> bool {
+        self.regs.len() == comm.flows()
+            && self
+                .regs
+                .iter()
+                .zip(comm.lanes())
+                .all(|(r, l)| Arc::ptr_eq(&r.lane.endpoint.domain, &l.endpoint.domain))
+    }
+}
+
+impl Registration {
+    /// # Safety
+    /// As [`MemoryRegion::register`].
+    unsafe fn new(
+        lane: &Arc<Lane>,
+        data: *mut c_void,
+        size: usize,
+        memory: Memory,
+    ) -> Result<Self> {
         let endpoint = &lane.endpoint;
         let mr_mode = endpoint.domain.info.info().mr_mode();
         let key = if mr_mode & sys::FI_MR_PROV_KEY as i32 != 0 {
@@ -83,11 +132,10 @@ impl MemoryRegion {
         };
         check("fi_mr_regattr", ret)?;
         lane.add_user();
-        let mut reg = MemoryRegion {
+        let mut reg = Registration {
             mr,
             desc: ptr::null_mut(),
             lane: lane.clone(),
-            memory,
         };
         if mr_mode & sys::FI_MR_ENDPOINT as i32 != 0 {
             // SAFETY: mr and the endpoint are open (the comm holds its lane).
@@ -101,20 +149,9 @@ impl MemoryRegion {
         reg.desc = unsafe { sys::fi_mr_desc(mr) };
         Ok(reg)
     }
-
-    /// Its descriptor on the comm's lane.
-    pub fn desc(&self) -> *mut c_void {
-        self.desc
-    }
-
-    /// Whether this registration belongs to `comm`'s domain: endpoints each have their own,
-    /// so a registration made on one comm is no descriptor for another.
-    pub fn fits(&self, comm: &Comm) -> bool {
-        Arc::ptr_eq(&self.lane.endpoint.domain, &comm.lane().endpoint.domain)
-    }
 }
 
-impl Drop for MemoryRegion {
+impl Drop for Registration {
     fn drop(&mut self) {
         close_fid("memory registration", self.mr.cast());
         self.lane.release_user();

@@ -23,6 +23,8 @@ pub struct Plugin {
     pub gpu: bool,
     pub provider: String,
     pub summary: String,
+    /// How the plugin sized itself (CPUs, threads, each device's flows), said at init.
+    pub sizing: String,
 }
 
 static STATE: RwLock<Option<Arc<Plugin>>> = RwLock::new(None);
@@ -105,7 +107,7 @@ pub fn init() -> Result<Arc<Plugin>> {
     if decision.loopback_only {
         tracing::info!("{}", crate::provider::LOOPBACK_ONLY);
     }
-    tracing::info!("{}", plugin.settings.sizing());
+    tracing::info!("{}", plugin.sizing);
     if !defaults.is_empty() && plugin.provider.contains("rxm") {
         tracing::info!(
             "smaller rxm and tcp buffer pools: {} (set these variables yourself to choose others)",
@@ -133,6 +135,8 @@ fn open_devices(
     crate::times::enable(settings.times);
     let mut fabrics: Vec<(String, Arc<Fabric>)> = Vec::new();
     let mut devices = Vec::new();
+    // Each device's flows and lanes, for the sizing line.
+    let mut sized = Vec::new();
     let descriptions = describe_devices(discovery, decision, settings.speed_mbps);
     for (index, (&ci, described)) in decision.devices.iter().zip(descriptions).enumerate() {
         let info = discovery.info(ci);
@@ -232,46 +236,54 @@ fn open_devices(
             ),
             (false, _) => {}
         }
-        let lanes = LanePool::new(LaneConfig {
-            domain: domain.clone(),
-            expected_answer,
-            threaded,
-            lanes: settings.lanes,
-            per_comm: per_comm(&settings, &c.provider),
-            label: c.domain.clone(),
-            adopt: Box::new(move |d| crate::control::adopt(d, Instant::now() + close_after)),
-            linger: Duration::from_millis(settings.linger_ms),
-            schedule: Box::new(crate::control::later),
-            nudge: !nccl_threads_only,
-            spin,
-            own_fabric: crate::quirks::domain_open_races_progress(
-                &c.provider,
-                crate::fabric::runtime_version(),
-            ),
-        });
-        // The piece size this device's comms offer, decided once. Pieces overlap one
-        // piece's rendezvous with the others' data where threads drive the lanes; where
-        // NCCL's calls drive them, the extra messages only cost CPU (both ends sharing one
-        // core, `benches/transfer.rs --yield`: 4 MiB at 0.56-0.60x raw libfabric in pieces,
-        // 1.04-1.08x whole), so whole messages unless the size was set.
+        // Flows and the piece size this device's comms offer, decided once. Several flows
+        // carry a message's pieces at once, however the lanes are driven (their connections
+        // move in parallel, each under its own cap on a network that caps flows). On one
+        // flow, pieces overlap one piece's rendezvous with the others' data where threads
+        // drive the lane; where NCCL's calls drive it, the extra messages only cost CPU (both
+        // ends sharing one core, `benches/transfer.rs --yield`: 4 MiB at 0.56-0.60x raw
+        // libfabric in pieces, 1.04-1.08x whole), so whole messages there unless the size
+        // was set.
         let split = crate::quirks::pieces_pay(&c.provider, crate::fabric::runtime_version());
-        let by_calls = !threaded && settings.pieces_auto;
+        let per_comm = per_comm(&settings, &c.provider);
+        let can_stripe = split && !per_comm && settings.piece_bytes >= crate::handshake::MIN_PIECE;
+        let flows = match (can_stripe, settings.flows) {
+            (false, _) => 1,
+            (true, 0) => crate::settings::flows_for(described.speed_mbps),
+            (true, n) => n,
+        };
+        let lanes = match settings.lanes_auto {
+            true => settings.lanes.max(flows),
+            false => settings.lanes,
+        };
+        let flows = flows.min(lanes).min(crate::comm::MAX_FLOWS);
+        let by_calls = !threaded && settings.pieces_auto && flows == 1;
         let piece = match split && !by_calls {
             true => settings.piece_bytes,
             false => 0,
         };
+        let striped = piece >= crate::handshake::MIN_PIECE && !per_comm;
         match (split, piece) {
             (true, _) if by_calls => tracing::info!(
-                "dev {index} {}: whole messages: NCCL's calls drive this device's lanes (no \
-                 progress threads), and there pieces cost CPU without overlapping anything \
+                "dev {index} {}: whole messages: one flow per comm, which NCCL's calls drive \
+                 (no progress threads), and there pieces cost CPU without overlapping anything \
                  (NCCL_FABRIC_PIECE_BYTES sets a size anyway)",
                 c.domain
             ),
             (true, p) if p >= crate::handshake::MIN_PIECE => tracing::info!(
-                "dev {index} {}: messages over {p} bytes go in up to {} pieces on their \
-                 comm's lane (NCCL_FABRIC_PIECE_BYTES; the peer's value may lower it)",
+                "dev {index} {}: messages over {p} bytes go in pieces, up to one per flow, {}",
                 c.domain,
-                crate::tags::MAX_PIECES,
+                match (flows, per_comm) {
+                    (1, true) => format!(
+                        "up to {} on each comm's own endpoint",
+                        crate::comm::PIECES_ON_ONE_FLOW
+                    ),
+                    (1, false) => format!(
+                        "up to {} on one flow (NCCL_FABRIC_FLOWS)",
+                        crate::comm::PIECES_ON_ONE_FLOW
+                    ),
+                    (n, _) => format!("over {n} flows per comm (NCCL_FABRIC_FLOWS)"),
+                }
             ),
             (true, _) => tracing::info!(
                 "dev {index} {}: whole messages (NCCL_FABRIC_PIECE_BYTES below {})",
@@ -286,6 +298,44 @@ fn open_devices(
                 crate::fabric::version_string(crate::fabric::runtime_version())
             ),
         }
+        sized.push(format!(
+            "dev {index} {}: {}, {lanes} lane(s) per direction",
+            c.domain,
+            match (flows, striped, settings.flows) {
+                (1, false, _) => "1 flow per comm (whole messages, or an endpoint per comm)".into(),
+                (n, true, 0) => format!(
+                    "{n} flow(s) per comm ({} Mbps at an assumed {} Mbps per flow, 1 to 16{})",
+                    described.speed_mbps,
+                    crate::settings::FLOW_MBPS,
+                    if n < crate::settings::flows_for(described.speed_mbps) {
+                        ", no more than the lanes"
+                    } else {
+                        ""
+                    }
+                ),
+                (n, _, _) => format!("{n} flow(s) per comm (as set)"),
+            }
+        ));
+        let lanes = LanePool::new(LaneConfig {
+            domain: domain.clone(),
+            expected_answer,
+            threads: match threaded {
+                true => settings.threads,
+                false => 0,
+            },
+            lanes,
+            per_comm,
+            label: c.domain.clone(),
+            adopt: Box::new(move |d| crate::control::adopt(d, Instant::now() + close_after)),
+            linger: Duration::from_millis(settings.linger_ms),
+            schedule: Box::new(crate::control::later),
+            nudge: !nccl_threads_only,
+            spin,
+            own_fabric: crate::quirks::domain_open_races_progress(
+                &c.provider,
+                crate::fabric::runtime_version(),
+            ),
+        });
         let liveness = Liveness {
             timeout: Duration::from_millis(settings.peer_timeout_ms),
         };
@@ -297,12 +347,15 @@ fn open_devices(
             lanes,
             expected_answer,
             piece,
+            flows,
             liveness,
             control_home,
         ));
     }
     let summary = summary(discovery, decision, &devices);
+    let sizing = settings.sizing(&sized);
     Ok(Plugin {
+        sizing,
         settings,
         devices,
         gpu: decision.gpu,

@@ -41,6 +41,8 @@ pub const LOG: &str = "NCCL_FABRIC_LOG";
 pub const PROGRESS_THREAD: &str = "NCCL_FABRIC_PROGRESS_THREAD";
 pub const PROGRESS_SPIN_US: &str = "NCCL_FABRIC_PROGRESS_SPIN_US";
 pub const LANES: &str = "NCCL_FABRIC_LANES";
+pub const FLOWS: &str = "NCCL_FABRIC_FLOWS";
+pub const THREADS: &str = "NCCL_FABRIC_THREADS";
 pub const PEER_TIMEOUT_MS: &str = "NCCL_FABRIC_PEER_TIMEOUT_MS";
 pub const MAX_RECVS: &str = "NCCL_FABRIC_MAX_RECVS";
 pub const PIECE_BYTES: &str = "NCCL_FABRIC_PIECE_BYTES";
@@ -89,15 +91,35 @@ pub const TABLE: &[Setting] = &[
                   `auto`: `comm` for shm and sm2, `device` otherwise",
     },
     Setting {
+        name: FLOWS,
+        kind: Kind::Number { min: 0, max: 16 },
+        default: "0",
+        meaning: "connections each comm stripes its long messages over (each a lane of its \
+                  device, see NCCL_FABRIC_LANES): a message longer than NCCL_FABRIC_PIECE_BYTES \
+                  goes as up to one piece per flow, all at once, so a network that caps every \
+                  TCP flow (clouds do) carries that many flows' worth. Flows cost no threads. \
+                  0 = the device's speed over 500 Mbps per flow, from 1 to 16 (16 for 8 Gbps \
+                  and up); 1 over shared memory, with an endpoint per comm, and where messages \
+                  go whole",
+    },
+    Setting {
         name: LANES,
         kind: Kind::Number { min: 0, max: 64 },
         default: "0",
         meaning: "with endpoints shared per device: how many receiving and how many sending \
-                  endpoints each device has; comms are spread over them in turn, so traffic \
-                  moves over that many connections and progress threads at once. 0 = by the \
-                  CPUs of this rank (those it may use, divided among the machine's ranks when \
-                  they share them) and the devices in use: (CPUs - 2) / (3 x devices), from 1 \
-                  to 4 (8 CPUs: 2, 16: 4)",
+                  endpoints (each on a libfabric domain of its own) each device has; comms \
+                  start on them in turn, and a comm's flows are the lanes from its first on. \
+                  0 = the device's flows, or where messages go whole, by the CPUs of this \
+                  rank and the devices in use: (CPUs - 2) / (3 x devices), from 1 to 4",
+    },
+    Setting {
+        name: THREADS,
+        kind: Kind::Number { min: 0, max: 64 },
+        default: "0",
+        meaning: "progress threads per device, which drive all of its endpoints between them \
+                  (see NCCL_FABRIC_PROGRESS_THREAD). 0 = by the CPUs of this rank (those it \
+                  may use, divided among the machine's ranks when they share them): a quarter \
+                  of them, at least 2 and at most 8, shared by the devices in use",
     },
     Setting {
         name: CONTROL_PROVIDER,
@@ -150,15 +172,15 @@ pub const TABLE: &[Setting] = &[
     Setting {
         name: PIECE_BYTES,
         kind: Kind::Number { min: 0, max: 1 << 30 },
-        default: "1048576",
-        meaning: "a message longer than this is sent as up to 4 pieces of this size (the last \
-                  takes the rest), all in flight at once, so that the provider's rendezvous \
-                  and the data of one piece overlap the others'; the peers use the smaller of \
-                  their values, and 0 (or under 4096) at either end sends whole messages (as \
-                  comms over shared memory, and over rxm before libfabric 2.1, always do). \
-                  Unset, a device whose lanes NCCL's calls drive (no progress threads) sends \
-                  whole messages too: there pieces cost CPU and overlap nothing. NCCL's \
-                  default buffers make transfers of 1 MiB, which go whole",
+        default: "262144",
+        meaning: "a message longer than this is cut into pieces of at least this size (a \
+                  power of two, rounded up), one per flow (NCCL_FABRIC_FLOWS; up to 4 on a \
+                  comm of one flow), all in flight at once; the last takes the rest. The peers \
+                  use the smaller of their values, and 0 (or under 4096) at either end sends \
+                  whole messages (as comms over shared memory, and over rxm before libfabric \
+                  2.1, always do). Unset, a device with one flow per comm that NCCL's calls drive \
+                  (no progress threads) sends whole messages too: there pieces cost CPU and \
+                  overlap nothing",
     },
     Setting {
         name: TIMES,
@@ -195,12 +217,12 @@ pub const TABLE: &[Setting] = &[
         name: PROGRESS_THREAD,
         kind: Kind::Choice(&["auto", "yes", "no"]),
         default: "auto",
-        meaning: "`yes`: each endpoint is driven by a thread of its own, which posts what \
-                  NCCL's calls hand it and reads completions continuously (it spins while \
-                  traffic flows, so work a provider does while posting runs there, not in \
-                  NCCL's one proxy thread per GPU); `no`: NCCL's own calls drive each endpoint, \
-                  one at a time; `auto`: `yes` when the lanes' threads (2 per lane and \
-                  device) fit in this rank's CPUs beside NCCL's own 2 (see NCCL_FABRIC_LANES)",
+        meaning: "`yes`: a few progress threads per device (NCCL_FABRIC_THREADS) drive its \
+                  endpoints, posting what NCCL's calls hand them and reading completions \
+                  continuously (they spin while traffic flows, so work a provider does while \
+                  posting runs there, not in NCCL's one proxy thread per GPU); `no`: NCCL's own \
+                  calls drive each endpoint, one at a time; `auto`: `yes` when the threads fit \
+                  in this rank's CPUs beside NCCL's own 2"
     },
     Setting {
         name: PROGRESS_SPIN_US,
@@ -212,10 +234,10 @@ pub const TABLE: &[Setting] = &[
                   other providers' threads nap 20–200 µs instead while operations are in \
                   flight). The default outlasts the gaps between a collective's steps (0.05–1 \
                   ms), which a thread that slept would pay for in wake-ups; unset, it is 50 \
-                  where the lanes' threads (2 per lane and device) do not fit in this rank's \
-                  CPUs beside NCCL's 2 (NCCL_FABRIC_PROGRESS_THREAD=yes or NCCL_FABRIC_LANES \
-                  beyond them: they would take each other's cores). With nothing in flight a \
-                  thread sleeps after 1 ms at most; 0 sleeps at once, 10000000 never",
+                  where the progress threads do not fit in this rank's CPUs beside NCCL's 2 \
+                  (NCCL_FABRIC_PROGRESS_THREAD=yes or NCCL_FABRIC_THREADS beyond them: they \
+                  would take each other's cores). With nothing in flight a thread sleeps after \
+                  1 ms at most; 0 sleeps at once, 10000000 never",
     },
     Setting {
         name: LOG,
@@ -285,11 +307,18 @@ pub struct Settings {
     pub progress_spin: Option<Duration>,
     /// `NCCL_FABRIC_PROGRESS_SPIN_US` was not set: `size_for_devices` picks it.
     pub spin_auto: bool,
-    /// Shared endpoints per device and role (at least 1).
+    /// Shared endpoints per device and role (at least 1; with `lanes_auto`, at least each
+    /// device's flows too).
     pub lanes: usize,
     /// Whether `lanes` and `progress_thread` were left to the plugin (see [`sizing_for`]).
     pub lanes_auto: bool,
     pub threads_auto: bool,
+    /// Flows per comm (`NCCL_FABRIC_FLOWS`; 0: by each device's speed, see [`flows_for`]).
+    pub flows: usize,
+    /// Progress threads per device (with `progress_thread`).
+    pub threads: usize,
+    /// Whether `threads` was left to the plugin.
+    pub thread_count_auto: bool,
     /// The devices in use `auto` sized for (1 until [`Settings::size_for_devices`]).
     pub devices: usize,
     /// The CPUs `auto` sized lanes and threads for.
@@ -365,6 +394,7 @@ impl Settings {
         let cpus = Cpus::detect();
         let lanes = number(LANES)?;
         let threads = value(&lookup, PROGRESS_THREAD)?;
+        let thread_count = number(THREADS)?;
         Ok(Settings {
             hmem: match value(&lookup, HMEM)?.as_str() {
                 "require" => HmemMode::Require,
@@ -399,6 +429,9 @@ impl Settings {
             lanes: lanes.max(1) as usize,
             lanes_auto: lanes == 0,
             threads_auto: threads == "auto",
+            flows: number(FLOWS)? as usize,
+            threads: thread_count.max(1) as usize,
+            thread_count_auto: thread_count == 0,
             devices: 1,
             cpus,
         })
@@ -540,61 +573,94 @@ pub const SPIN_CROWDED_US: u64 = 50;
 /// and the thread that drives the GPU.
 pub const NCCL_BUSY_THREADS: usize = 2;
 
-/// Lanes per direction per device and whether to run progress threads, for `cpus` CPUs of one
-/// rank and `devices` devices in use. A lane with threads keeps two threads busy (its sending
-/// and its receiving endpoint); the lanes' threads get at most two thirds of the CPUs left
-/// after NCCL's own, so fewer, busier threads rather than many (on 16 cores shared by two
-/// ranks, 2 lanes moved as much as 3 and 4 at the same CPU time). Below that a lane is driven
-/// by NCCL's calls alone.
-pub fn sizing_for(cpus: usize, devices: usize) -> (usize, bool) {
-    let devices = devices.max(1);
-    let spare = cpus.saturating_sub(NCCL_BUSY_THREADS);
-    let lanes = (spare / (3 * devices)).clamp(1, 4);
-    (lanes, threads_fit(cpus, lanes, devices))
+/// Most progress threads `auto` gives a rank.
+pub const MAX_AUTO_THREADS: usize = 8;
+
+/// The rate one TCP flow is assumed to carry when `auto` picks a device's flows: low, since
+/// flows cost no threads, only a connection and an endpoint each (clouds cap a flow at
+/// 1–10 Gbps; NCCL's Socket transport opens 16 per comm there).
+pub const FLOW_MBPS: u64 = 500;
+
+/// How `auto` sizes the plugin for one rank.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Sizing {
+    /// Lanes per direction per device where messages go whole (a device with flows has as
+    /// many lanes as flows).
+    pub lanes: usize,
+    /// Progress threads per device.
+    pub threads: usize,
+    /// Whether to run them: they fit in the rank's CPUs beside NCCL's own busy threads.
+    pub threaded: bool,
 }
 
-/// Whether the progress threads of `lanes` lanes per device (two each) on `devices` devices
-/// fit in `cpus` CPUs beside NCCL's own busy threads.
-fn threads_fit(cpus: usize, lanes: usize, devices: usize) -> bool {
-    cpus.saturating_sub(NCCL_BUSY_THREADS) >= 2 * lanes * devices.max(1)
+/// Lanes, progress threads and whether to run them, for `cpus` CPUs of one rank and
+/// `devices` devices in use. The threads, a quarter of the CPUs (at least 2, at most
+/// [`MAX_AUTO_THREADS`]) shared by the devices, drive every endpoint between them, however
+/// many flows there are; where they do not fit beside NCCL's own, NCCL's calls drive. Where
+/// messages go whole, NCCL's channels spread over (CPUs - 2) / (3 x devices) lanes, from 1 to
+/// 4: each an endpoint on a domain of its own (on 16 cores shared by two ranks, 2 moved as
+/// much as 3 and 4).
+pub fn sizing_for(cpus: usize, devices: usize) -> Sizing {
+    let devices = devices.max(1);
+    let spare = cpus.saturating_sub(NCCL_BUSY_THREADS);
+    let threads = ((cpus / 4).clamp(2, MAX_AUTO_THREADS) / devices).max(1);
+    Sizing {
+        lanes: (spare / (3 * devices)).clamp(1, 4),
+        threads,
+        threaded: threads_fit(cpus, threads * devices),
+    }
+}
+
+/// Whether `threads` progress threads fit in `cpus` CPUs beside NCCL's own busy threads.
+fn threads_fit(cpus: usize, threads: usize) -> bool {
+    cpus.saturating_sub(NCCL_BUSY_THREADS) >= threads
+}
+
+/// The flows `auto` gives a device of `speed_mbps`: enough flows of [`FLOW_MBPS`] to carry
+/// it, from 1 to 16.
+pub fn flows_for(speed_mbps: u64) -> usize {
+    speed_mbps.div_ceil(FLOW_MBPS).clamp(1, 16) as usize
 }
 
 impl Settings {
-    /// Sizes what was left to the plugin for the devices NCCL will be told of: the lanes'
+    /// Sizes what was left to the plugin for the devices NCCL will be told of: the progress
     /// threads of every device share the rank's CPUs.
     pub fn size_for_devices(&mut self, devices: usize) {
-        let (lanes, threads) = sizing_for(self.cpus.per_rank(), devices);
+        let sized = sizing_for(self.cpus.per_rank(), devices);
         self.devices = devices.max(1);
         if self.lanes_auto {
-            self.lanes = lanes;
+            self.lanes = sized.lanes;
+        }
+        if self.thread_count_auto {
+            self.threads = sized.threads;
         }
         if self.threads_auto {
-            self.progress_thread = threads;
+            self.progress_thread = sized.threaded;
         }
         if self.spin_auto {
             // Threads that fit spin through a collective's gaps; threads forced onto fewer
-            // CPUs than they need (the lanes set, or threads where the sizing gave none) sleep
-            // soon, giving the cores back to NCCL's and each other.
-            let fit = threads_fit(self.cpus.per_rank(), self.lanes, self.devices);
+            // CPUs than they need (the count set, or threads where the sizing gave none)
+            // sleep soon, giving the cores back to NCCL's and each other.
+            let fit = threads_fit(self.cpus.per_rank(), self.threads * self.devices);
             let us = if fit { SPIN_US } else { SPIN_CROWDED_US };
             self.progress_spin = Some(Duration::from_micros(us));
         }
     }
 
     /// Threads of the plugin that are busy while data moves (tcp's sleep in the gaps, other
-    /// providers' spin): two per lane and device with progress threads, none without
-    /// (NCCL's calls then drive).
+    /// providers' spin): the progress threads of every device, none without them (NCCL's
+    /// calls then drive), whatever the flows.
     pub fn busy_threads(&self) -> usize {
         if self.progress_thread {
-            2 * self.lanes * self.devices
+            self.threads * self.devices
         } else {
             0
         }
     }
 
-    /// One line on how the plugin sized itself: CPUs, local ranks, lanes and threads, and
-    /// what to change.
-    pub fn sizing(&self) -> String {
+    /// One line on how the plugin sized itself: CPUs, local ranks, threads, each device's
+    /// flows and lanes (`devices`, one text each), and what to change.
+    pub fn sizing(&self, devices: &[String]) -> String {
         let Cpus {
             allowed: cpus,
             machine,
@@ -612,16 +678,21 @@ impl Settings {
         } else {
             String::new()
         };
+        let threads = match self.progress_thread {
+            true => format!(
+                "{} progress thread(s) per device drive all its endpoints ({} busy thread(s) \
+                 of the plugin while data moves, however many flows)",
+                self.threads,
+                self.busy_threads()
+            ),
+            false => "no progress threads: NCCL's calls drive the endpoints".into(),
+        };
         format!(
             "sizing: {cpus} CPUs allowed (machine {machine}), local ranks {ranks}, so {} CPUs \
-             for this rank, {NCCL_BUSY_THREADS} of them NCCL's; {} device(s): {} lane(s) per \
-             direction each, progress threads {} ({} busy thread(s) of the plugin while data \
-             moves; NCCL_FABRIC_LANES, NCCL_FABRIC_PROGRESS_THREAD override).{hint}",
+             for this rank, {NCCL_BUSY_THREADS} of them NCCL's; {threads}; {} (NCCL_FABRIC_FLOWS, \
+             NCCL_FABRIC_LANES, NCCL_FABRIC_THREADS, NCCL_FABRIC_PROGRESS_THREAD override).{hint}",
             self.cpus.per_rank(),
-            self.devices,
-            self.lanes,
-            if self.progress_thread { "yes" } else { "no" },
-            self.busy_threads(),
+            devices.join("; "),
         )
     }
 }
@@ -663,42 +734,72 @@ pub fn markdown_table() -> String {
 
 #[cfg(test)]
 mod sizing_tests {
-    use super::{sizing_for, NCCL_BUSY_THREADS};
+    use super::{flows_for, sizing_for, Sizing, MAX_AUTO_THREADS, NCCL_BUSY_THREADS};
 
     #[test]
     fn ranks_sharing_a_machine_get_fewer_lanes_and_threads() {
-        assert_eq!(sizing_for(32, 1), (4, true), "one rank on a GPU host");
-        assert_eq!(sizing_for(16, 1), (4, true), "one rank on 16 cores");
+        let sized = |lanes, threads, threaded| Sizing {
+            lanes,
+            threads,
+            threaded,
+        };
+        assert_eq!(
+            sizing_for(32, 1),
+            sized(4, 8, true),
+            "one rank on a GPU host"
+        );
+        assert_eq!(sizing_for(16, 1), sized(4, 4, true), "one rank on 16 cores");
         assert_eq!(
             sizing_for(16 / 2, 1),
-            (2, true),
+            sized(2, 2, true),
             "two ranks sharing 16 cores"
         );
         assert_eq!(
             sizing_for(64 / 8, 1),
-            (2, true),
+            sized(2, 2, true),
             "8 ranks on a 64-core node"
         );
-        assert_eq!(sizing_for(32 / 8, 1), (1, true), "8 ranks sharing 32 CPUs");
+        assert_eq!(
+            sizing_for(32 / 8, 1),
+            sized(1, 2, true),
+            "8 ranks sharing 32 CPUs"
+        );
         assert_eq!(
             sizing_for(8, 2),
-            (1, true),
+            sized(1, 1, true),
             "two devices share the rank's CPUs"
         );
-        assert_eq!(sizing_for(2, 1), (1, false), "one rank on 2 cores");
-        assert_eq!(sizing_for(1, 1), (1, false), "a rank bound to one core");
-        for cpus in 1..=128 {
+        assert_eq!(sizing_for(2, 1), sized(1, 2, false), "one rank on 2 cores");
+        assert_eq!(
+            sizing_for(1, 1),
+            sized(1, 2, false),
+            "a rank bound to one core"
+        );
+        for cpus in 1..=256 {
             for devices in 1..=4 {
-                let (lanes, threads) = sizing_for(cpus, devices);
-                assert!((1..=4).contains(&lanes));
-                if threads {
+                let s = sizing_for(cpus, devices);
+                assert!((1..=4).contains(&s.lanes));
+                assert!(s.threads * devices <= MAX_AUTO_THREADS.max(devices));
+                assert!(
+                    s.threads * devices <= (cpus / 4).max(2).max(devices),
+                    "{cpus} CPUs: at most a quarter of them busy (2 at least)"
+                );
+                if s.threaded {
                     assert!(
-                        2 * lanes * devices + NCCL_BUSY_THREADS <= cpus,
+                        s.threads * devices + NCCL_BUSY_THREADS <= cpus,
                         "{cpus} CPUs, {devices} devices: the busy threads fit"
                     );
                 }
             }
         }
+    }
+
+    #[test]
+    fn flows_carry_the_device_at_a_low_rate_each() {
+        assert_eq!(flows_for(0), 1);
+        assert_eq!(flows_for(1000), 2, "a 1 Gbps NIC");
+        assert_eq!(flows_for(10_000), 16, "a 10 Gbps NIC (and a veth)");
+        assert_eq!(flows_for(100_000), 16, "at most 16");
     }
 }
 
@@ -783,9 +884,14 @@ mod tests {
             "threads forced onto 2 CPUs sleep after 50 µs"
         );
         assert_eq!(
-            sized(&[(LANES, "8")], 16),
+            sized(&[(THREADS, "16")], 16),
             (true, us(SPIN_CROWDED_US)),
-            "16 threads of 8 lanes do not fit in 16 CPUs beside NCCL's"
+            "16 threads do not fit in 16 CPUs beside NCCL's"
+        );
+        assert_eq!(
+            sized(&[(LANES, "16")], 16),
+            (true, us(SPIN_US)),
+            "lanes cost no threads"
         );
         assert_eq!(
             sized(&[(PROGRESS_THREAD, "yes"), (PROGRESS_SPIN_US, "300")], 2),
@@ -802,7 +908,7 @@ mod tests {
     #[test]
     fn lanes_follow_the_machine_unless_set() {
         let auto = parse(&[]).unwrap().lanes;
-        assert_eq!(auto, sizing_for(Cpus::detect().per_rank(), 1).0);
+        assert_eq!(auto, sizing_for(Cpus::detect().per_rank(), 1).lanes);
         assert_eq!(parse(&[(LANES, "8")]).unwrap().lanes, 8);
         assert!(parse(&[(LANES, "65")]).is_err());
     }

@@ -1,8 +1,83 @@
 //! Sleeping on file descriptors: a progress thread that has nothing to do waits in `poll(2)` on
-//! its provider's wait object and on a [`Bell`] that other threads ring when they hand it work.
+//! its providers' wait objects and on a [`Bell`] that other threads ring when they hand it work
+//! (through its [`Waker`]).
 
 use std::os::fd::RawFd;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::thread::Thread;
 use std::time::Duration;
+
+/// Whether a driver may sleep now, and on what.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Sleep {
+    /// It has no wait object, or posts the provider refused wait to be tried again: the
+    /// thread spins, yields or naps instead.
+    Cannot,
+    /// Something is ready that a read would return: turn again now.
+    Ready,
+    /// Its provider's fd polls readable when there is progress to make.
+    On(RawFd),
+}
+
+/// How other threads wake a progress thread: unpark it, and ring its bell while it sleeps in
+/// `poll` (see [`Waker::doze`]).
+pub struct Waker {
+    thread: Thread,
+    /// `None` when the system had no eventfd left: the thread then naps instead.
+    bell: Option<Bell>,
+    asleep: AtomicBool,
+}
+
+impl Waker {
+    /// A waker for `thread` (the calling thread, in practice).
+    pub fn new(thread: Thread) -> Waker {
+        let bell = Bell::new()
+            .map_err(|e| tracing::debug!("no eventfd for a progress thread ({e}); it naps instead"))
+            .ok();
+        Waker {
+            thread,
+            bell,
+            asleep: AtomicBool::new(false),
+        }
+    }
+
+    /// Wakes the thread if it naps or sleeps (work came, or it is to stop).
+    pub fn wake(&self) {
+        // Pairs with the fence in `doze`: either the thread sees the work before it sleeps,
+        // or this sees it asleep and rings.
+        std::sync::atomic::fence(Ordering::SeqCst);
+        if self.asleep.load(Ordering::Relaxed) {
+            if let Some(b) = &self.bell {
+                b.ring();
+            }
+        }
+        self.thread.unpark();
+    }
+
+    /// Sleeps in `poll` on `fds` and the bell for at most `timeout`, unless `ready` (asked
+    /// after the thread is marked asleep) says work came meanwhile. False if there is no bell
+    /// to sleep on.
+    pub fn doze(
+        &self,
+        fds: &mut Vec<RawFd>,
+        timeout: Duration,
+        ready: impl FnOnce() -> bool,
+    ) -> bool {
+        let Some(bell) = &self.bell else {
+            return false;
+        };
+        self.asleep.store(true, Ordering::Relaxed);
+        std::sync::atomic::fence(Ordering::SeqCst);
+        if !ready() {
+            fds.push(bell.fd());
+            readable(fds, timeout);
+            fds.pop();
+        }
+        self.asleep.store(false, Ordering::Relaxed);
+        bell.silence();
+        true
+    }
+}
 
 /// An eventfd: rung by any thread, heard by the one that polls it.
 pub struct Bell {

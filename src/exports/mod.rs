@@ -18,7 +18,7 @@ pub mod v7;
 pub mod v8;
 pub mod v9;
 
-use crate::comm::{Buffer, Comm, Direction, Request, MAX_RECVS};
+use crate::comm::{Buffer, Comm, Descs, Direction, Request, MAX_RECVS, NO_DESCS};
 use crate::connection::{self, ListenComm};
 use crate::device::Properties;
 use crate::error::{Error, Result};
@@ -383,17 +383,18 @@ pub(crate) unsafe extern "C" fn dereg_mr(comm: *mut c_void, mhandle: *mut c_void
     })
 }
 
-/// The descriptor of `mhandle` for an operation on `comm`, and whether it is host memory.
+/// The descriptors of `mhandle` for an operation on `comm` (one per leg), and whether it is
+/// host memory.
 ///
 /// # Safety
 /// `mhandle` must be NULL or a registration we returned.
-unsafe fn desc_of(comm: &Comm, mhandle: *mut c_void) -> Result<(*mut c_void, bool)> {
+unsafe fn desc_of(comm: &Comm, mhandle: *mut c_void) -> Result<(Descs, bool)> {
     if mhandle.is_null() {
-        return Ok((std::ptr::null_mut(), true));
+        return Ok((NO_DESCS, true));
     }
     // SAFETY: per the caller.
     match unsafe { opaque::borrow::<MemoryRegion>(mhandle)? } {
-        region if region.fits(comm) => Ok((region.desc(), region.memory == Memory::Host)),
+        region if region.fits(comm) => Ok((region.descs(), region.memory == Memory::Host)),
         _ => Err(Error::InvalidArgument(
             "the mhandle was registered on another comm (each comm's endpoints have \
              libfabric domains of their own): register the buffer with regMr on the comm \
@@ -474,11 +475,11 @@ pub(crate) unsafe fn isend(
     // SAFETY: per the caller.
     let comm = unsafe { comm_for(send_comm, Direction::Send)? };
     // SAFETY: NCCL passes the mhandle regMr gave it, or NULL.
-    let (desc, host) = unsafe { desc_of(comm, mhandle)? };
+    let (descs, host) = unsafe { desc_of(comm, mhandle)? };
     let buf = Buffer {
         data,
         len: byte_count(size)?,
-        desc,
+        descs,
         host,
         tag,
     };
@@ -521,7 +522,7 @@ pub(crate) unsafe fn irecv(
     let mut bufs = [Buffer {
         data: std::ptr::null_mut(),
         len: 0,
-        desc: std::ptr::null_mut(),
+        descs: NO_DESCS,
         host: true,
         tag: 0,
     }; MAX_RECVS];
@@ -551,11 +552,11 @@ pub(crate) unsafe fn irecv(
             (len, if tags.is_null() { 0 } else { *tags.add(i) })
         };
         // SAFETY: NCCL passes the mhandles regMr gave it, or NULL.
-        let (desc, host) = unsafe { desc_of(comm, nth(mhandles, i))? };
+        let (descs, host) = unsafe { desc_of(comm, nth(mhandles, i))? };
         *b = Buffer {
             data: nth(data, i),
             len,
-            desc,
+            descs,
             host,
             tag,
         };

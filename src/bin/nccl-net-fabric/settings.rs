@@ -9,8 +9,19 @@ fn resolved(name: &str, effective: &str, parsed: Option<&Settings>) -> Option<St
     let s = parsed?;
     match (name, effective) {
         (settings::LANES, "0") => Some(format!(
-            "{} lane(s) per direction ({} CPUs for this rank)",
+            "as many lanes per direction as the device's flows; {} where messages go whole \
+             ({} CPUs for this rank)",
             s.lanes,
+            s.cpus.per_rank()
+        )),
+        (settings::FLOWS, "0") => Some(format!(
+            "by each device's speed: {} flows for 10 Gbps and up, {} for 1 Gbps",
+            settings::flows_for(10_000),
+            settings::flows_for(1000)
+        )),
+        (settings::THREADS, "0") => Some(format!(
+            "{} progress thread(s) per device ({} CPUs for this rank)",
+            s.threads,
             s.cpus.per_rank()
         )),
         (settings::PROGRESS_THREAD, "auto") => Some(
