@@ -88,8 +88,16 @@ fn settings_shows_values_resolutions_and_mistakes() {
     assert!(out.contains("NCCL_FABRIC_HEMM is not a setting"), "{out}");
     assert!(out.contains("did you mean NCCL_FABRIC_HMEM?"), "{out}");
     assert!(
-        out.contains("lane(s) per direction"),
+        out.contains("lanes per direction as the device's flows"),
         "auto lanes resolved: {out}"
+    );
+    assert!(
+        out.contains("16 flows for 10 Gbps and up"),
+        "auto flows resolved: {out}"
+    );
+    assert!(
+        out.contains("progress thread(s) per device"),
+        "auto threads resolved: {out}"
     );
     let progress = out
         .lines()

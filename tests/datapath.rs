@@ -701,11 +701,12 @@ fn pieces_between(
 /// How the connect and accept lines end for a comm that sends whole messages.
 const WHOLE: &str = "; whole messages";
 
-/// Long messages go in the pieces both ends offered, on each comm's one lane, whatever the
-/// lanes each rank has (3 per direction at one, 2 at the other).
+/// Long messages go in the pieces both ends offered, one per flow, over as many flows as the
+/// rank with fewer lanes has (3 per direction at one, 2 at the other: every comm has 2, and
+/// the sender with 3 lets its third go).
 #[test]
 fn long_messages_go_in_pieces_both_ends_agree_on() {
-    let split = format!("messages over {PIECE} bytes in up to 4 pieces");
+    let split = format!("messages over {PIECE} bytes in up to 2 pieces over 2 flows");
     let mut providers = provider_envs();
     providers.extend(
         more_providers()
@@ -724,7 +725,8 @@ fn long_messages_go_in_pieces_both_ends_agree_on() {
         for log in pieces_between(&env, [&piece, &piece], ["3", "2"], &p) {
             assert!(
                 log.matches(&split).count() == pieces && log.matches(WHOLE).count() == whole,
-                "over {p}: both comms of each rank send in pieces (whole over shm): {log}"
+                "over {p}: both comms of each rank send in pieces over 2 flows (whole over \
+                 shm): {log}"
             );
             // NCCL_FABRIC_TIMES: each comm said where its requests' time went.
             for comm in ["send comm to", "receive comm from"] {
@@ -799,11 +801,11 @@ fn two_processes() {
     }
 }
 
-/// Pieces where progress threads drive the lanes; whole messages where NCCL's calls drive
-/// them, unless `NCCL_FABRIC_PIECE_BYTES` asks for pieces. The INFO line says which, and the
-/// comms of both ranks send that way.
+/// Pieces over several flows, or on one flow where progress threads drive it; whole messages
+/// on one flow that NCCL's calls drive, unless `NCCL_FABRIC_PIECE_BYTES` asks for pieces. The
+/// INFO line says which, and the comms of both ranks send that way.
 #[test]
-fn pieces_only_where_threads_drive_unless_asked() {
+fn pieces_over_flows_or_where_threads_drive_unless_asked() {
     let version = nccl_net_fabric::fabric::runtime_version();
     let providers: Vec<&str> = data_providers()
         .into_iter()
@@ -811,23 +813,25 @@ fn pieces_only_where_threads_drive_unless_asked() {
         .filter(|p| nccl_net_fabric::quirks::pieces_pay(p, version))
         .collect();
     assert!(!providers.is_empty(), "no provider here takes pieces");
-    let by_calls = "whole messages: NCCL's calls drive this device's lanes";
-    let in_pieces = "go in up to 4 pieces";
+    let by_calls = "whole messages: one flow per comm, which NCCL's calls drive";
+    let in_pieces = "go in pieces, up to one per flow";
     for p in providers {
-        for (threads, piece, pieces) in [
-            ("no", None, false),
-            ("yes", None, true),
-            ("no", Some("1048576"), true),
+        for (threads, piece, flows, pieces) in [
+            ("no", None, "1", false),
+            ("no", None, "0", true),
+            ("yes", None, "1", true),
+            ("no", Some("1048576"), "1", true),
         ] {
             let mut env = provider_env(p);
             env.push(("NCCL_FABRIC_PROGRESS_THREAD".into(), threads.into()));
+            env.push(("NCCL_FABRIC_FLOWS".into(), flows.into()));
             if let Some(bytes) = piece {
                 env.push(("NCCL_FABRIC_PIECE_BYTES".into(), bytes.into()));
             }
             // The test host logs like NCCL: TRACE shows the comms' debug lines.
             env.push(("NCCL_FABRIC_LOG".into(), "debug".into()));
             env.push(("NCCL_DEBUG".into(), "TRACE".into()));
-            let what = format!("{p}, progress threads {threads}, pieces {piece:?}");
+            let what = format!("{p}, progress threads {threads}, pieces {piece:?}, flows {flows}");
             for (name, f) in ranks_over(&env, &what) {
                 let log = &f.stderr;
                 assert_eq!(
@@ -1125,7 +1129,8 @@ fn sixteen_comm_pairs_on_more_providers() {
 }
 
 /// Shared endpoints spread over lanes: 16 comm pairs on 3 lanes open exactly 3 receiving and
-/// 3 sending endpoints, each driven by its progress thread, and every byte still arrives.
+/// 3 sending endpoints, driven by the device's 2 progress threads, and every byte still
+/// arrives.
 #[test]
 fn sixteen_comm_pairs_over_three_lanes() {
     for p in data_providers() {
@@ -1136,14 +1141,25 @@ fn sixteen_comm_pairs_over_three_lanes() {
                 ("NCCL_FABRIC_ENDPOINTS", "device"),
                 ("NCCL_FABRIC_LANES", "3"),
                 ("NCCL_FABRIC_PROGRESS_THREAD", "yes"),
+                ("NCCL_FABRIC_THREADS", "2"),
                 // The test host logs like NCCL: TRACE shows each endpoint opened.
                 ("NCCL_DEBUG", "TRACE"),
             ],
         );
         let opened = f.stderr.matches(" comms (").count();
         assert_eq!(opened, 6, "data endpoints opened over {p}\n{}", f.stderr);
-        let threads = f.stderr.matches("its progress thread drives it").count();
-        assert_eq!(threads, 6, "progress threads over {p}\n{}", f.stderr);
+        let driven = f.stderr.matches("a progress thread drives it").count();
+        assert_eq!(
+            driven, 6,
+            "endpoints driven by threads over {p}\n{}",
+            f.stderr
+        );
+        assert!(
+            f.stderr
+                .contains("2 progress thread(s) per device drive all its endpoints"),
+            "the sizing line over {p}\n{}",
+            f.stderr
+        );
     }
 }
 

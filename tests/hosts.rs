@@ -13,7 +13,9 @@
 
 mod common;
 
-use common::hosts::{host_env, hosts_or_skip, pair_on_hosts, providers, Hosts, IFACE};
+use common::hosts::{
+    connect_and_accept, host_env, hosts_or_skip, pair_on_hosts, providers, Hosts, IFACE,
+};
 use common::scenario::*;
 use common::*;
 use nccl_net_fabric::nccl::NcclResult;
@@ -31,36 +33,6 @@ fn my_host() -> usize {
         .ok()
         .and_then(|v| v.parse().ok())
         .expect("NFAB_HOST")
-}
-
-/// Connect to `peer` on `dev` and accept on `listen` at once, calling each in turn without
-/// blocking, as NCCL's proxy does.
-fn connect_and_accept(
-    lib: &PluginLib,
-    dev: i32,
-    peer: &mut [u8; nccl_net_fabric::nccl::NET_HANDLE_MAXSIZE],
-    listen: Ptr,
-    deadline: Instant,
-) -> (Ptr, Ptr) {
-    let (mut send, mut recv) = (None, None);
-    while send.is_none() || recv.is_none() {
-        if send.is_none() {
-            send = lib
-                .connect(dev, peer)
-                .unwrap_or_else(|e| panic!("connect on dev {dev}: {e}"));
-        }
-        if recv.is_none() {
-            recv = lib
-                .accept(listen)
-                .unwrap_or_else(|e| panic!("accept on dev {dev}: {e}"));
-        }
-        assert!(
-            Instant::now() < deadline,
-            "dev {dev}: no connection between the hosts in time"
-        );
-        std::thread::sleep(Duration::from_micros(200));
-    }
-    (send.unwrap(), recv.unwrap())
 }
 
 // ---------------------------------------------------------------------------------------

@@ -12,12 +12,21 @@
 //! that killing the rank's `nsenter` kills the rank.
 
 use super::*;
+use nccl_net_host::{PluginLib, Ptr};
 use std::net::Ipv4Addr;
 use std::process::{Child, Command, Stdio};
 
 /// The interface every host has towards the others: a veth, named as containers name theirs
 /// (the plugin leaves `veth*` out by default: those are the host-side ends of containers).
 pub const IFACE: &str = "eth0";
+
+/// A TCP connection of a host: its ports here and at the other end, and what it sent.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Connection {
+    pub local: u16,
+    pub remote: u16,
+    pub bytes_sent: u64,
+}
 
 /// One host: its holder process and the address of its `eth0`.
 pub struct Host {
@@ -282,6 +291,106 @@ impl Hosts {
         }
     }
 
+    /// The established TCP connections of host `i`, as its kernel counts them.
+    pub fn connections(&self, i: usize) -> Vec<Connection> {
+        let out = run_command(
+            Command::new("nsenter")
+                .args(["--target", &self.hosts[i].pid.to_string(), "--net", "--"])
+                .args(["ss", "-Htin", "state", "established"]),
+            Duration::from_secs(10),
+        );
+        assert!(
+            out.status.success(),
+            "ss on host {i}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let port = |a: &str| a.rsplit(':').next().and_then(|p| p.parse().ok());
+        let mut found: Vec<Connection> = Vec::new();
+        // A connection's line (queues and both addresses), then a line of its details.
+        for line in String::from_utf8_lossy(&out.stdout).lines() {
+            let words: Vec<&str> = line.split_whitespace().collect();
+            match (words.len(), words.first().map(|w| w.parse::<u64>().is_ok())) {
+                (4, Some(true)) => {
+                    if let (Some(local), Some(remote)) = (port(words[2]), port(words[3])) {
+                        found.push(Connection {
+                            local,
+                            remote,
+                            bytes_sent: 0,
+                        });
+                    }
+                }
+                _ => {
+                    let sent = words
+                        .iter()
+                        .find_map(|w| w.strip_prefix("bytes_sent:")?.parse().ok());
+                    if let (Some(c), Some(sent)) = (found.last_mut(), sent) {
+                        c.bytes_sent = sent;
+                    }
+                }
+            }
+        }
+        found
+    }
+
+    /// Caps what host `i` sends on each of `flows` (its connections) at `mbit[k % mbit.len()]`
+    /// Mbit/s for the k-th, as a cloud caps each 5-tuple: an HTB class per connection, chosen
+    /// by a u32 filter on both ports (IPv4 and IPv6); all other traffic goes unshaped. Removed
+    /// with the host.
+    pub fn cap_flows(&self, i: usize, flows: &[Connection], mbit: &[u32]) {
+        let pid = self.hosts[i].pid;
+        let tc = |args: &[&str]| {
+            let mut all = vec!["tc"];
+            all.extend_from_slice(args);
+            in_netns(pid, &all);
+        };
+        tc(&[
+            "qdisc", "add", "dev", IFACE, "root", "handle", "1:", "htb", "default", "1",
+        ]);
+        tc(&[
+            "class", "add", "dev", IFACE, "parent", "1:", "classid", "1:1", "htb", "rate",
+            "10gbit", "quantum", "60000",
+        ]);
+        for (k, flow) in flows.iter().enumerate() {
+            let class = format!("1:{:x}", 0x10 + k);
+            let rate = format!("{}mbit", mbit[k % mbit.len()]);
+            tc(&[
+                "class", "add", "dev", IFACE, "parent", "1:", "classid", &class, "htb", "rate",
+                &rate, "ceil", &rate, "quantum", "1514",
+            ]);
+            let (sport, dport) = (flow.local.to_string(), flow.remote.to_string());
+            // A priority per protocol (the kernel keeps one protocol per priority).
+            for (proto, field, prio) in [("ip", "ip", "1"), ("ipv6", "ip6", "2")] {
+                tc(&[
+                    "filter", "add", "dev", IFACE, "parent", "1:", "protocol", proto, "prio", prio,
+                    "u32", "match", field, "sport", &sport, "0xffff", "match", field, "dport",
+                    &dport, "0xffff", "flowid", &class,
+                ]);
+            }
+        }
+    }
+
+    /// Cuts the k-th flow [`Hosts::cap_flows`] shaped on host `i`: everything host `i` sends
+    /// to that port is dropped from now on, while its other flows go on.
+    pub fn cut_flow(&self, i: usize, k: usize) {
+        let class = format!("1:{:x}", 0x10 + k);
+        let handle = format!("{:x}:", 0x100 + k);
+        in_netns(
+            self.hosts[i].pid,
+            &[
+                "tc",
+                "qdisc",
+                "add",
+                "dev",
+                IFACE,
+                "parent",
+                &class,
+                "handle",
+                &handle,
+                "blackhole",
+            ],
+        );
+    }
+
     /// The pids of every holder: namespaces that must be gone once this is dropped.
     pub fn holders(&self) -> Vec<u32> {
         self.hosts
@@ -320,6 +429,36 @@ pub fn pair_on_hosts(
     a.send_line(&hb);
     b.send_line(&ha);
     (a, b)
+}
+
+/// Connect to `peer` on `dev` and accept on `listen` at once, calling each in turn without
+/// blocking, as NCCL's proxy does.
+pub fn connect_and_accept(
+    lib: &PluginLib,
+    dev: i32,
+    peer: &mut [u8; nccl_net_fabric::nccl::NET_HANDLE_MAXSIZE],
+    listen: Ptr,
+    deadline: Instant,
+) -> (Ptr, Ptr) {
+    let (mut send, mut recv) = (None, None);
+    while send.is_none() || recv.is_none() {
+        if send.is_none() {
+            send = lib
+                .connect(dev, peer)
+                .unwrap_or_else(|e| panic!("connect on dev {dev}: {e}"));
+        }
+        if recv.is_none() {
+            recv = lib
+                .accept(listen)
+                .unwrap_or_else(|e| panic!("accept on dev {dev}: {e}"));
+        }
+        assert!(
+            Instant::now() < deadline,
+            "dev {dev}: no connection between the hosts in time"
+        );
+        std::thread::sleep(Duration::from_micros(200));
+    }
+    (send.unwrap(), recv.unwrap())
 }
 
 /// Providers that reach other hosts: `tcp;ofi_rxm`, and native `tcp` where libfabric has it

@@ -1,0 +1,568 @@
+//! Comms of several flows between hosts whose links cap each TCP connection, the way clouds
+//! cap each 5-tuple (see `common::hosts`: an HTB class per connection): ranks on two hosts,
+//! host 0 sending and host 1 receiving, through the exported C table as NCCL drives it.
+//!
+//! - what one comm moves grows with its flows (`NCCL_FABRIC_FLOWS`), every flow carrying its
+//!   share, and by default it takes as many as the NIC's speed asks for;
+//! - messages in pieces arrive whole and verified when the pieces finish out of order (each
+//!   flow at another rate), with grouped receives and truncated ones among them;
+//! - a flow whose connection carries nothing any more fails the comm at both ends within the
+//!   fault deadline, with a WARN that names it, while the peer still answers: no piece lost
+//!   silently, no hang.
+//!
+//! Over `tcp;ofi_rxm` (libfabric >= 2.1: before, rxm sends whole messages) and native `tcp`.
+
+mod common;
+
+use common::hosts::{
+    connect_and_accept, host_env, hosts_or_skip, pair_on_hosts, Connection, Hosts,
+};
+use common::scenario::*;
+use common::*;
+use nccl_net_fabric::nccl::NcclResult;
+use nccl_net_host::{handle_from_hex, handle_to_hex, PluginLib, Ptr, RecvBuffer};
+use std::time::{Duration, Instant};
+
+const CHILD: f64 = 180.0;
+/// The whole messages of the warm-up: below the piece size, so they go on the first flow.
+const WHOLE: usize = 128 << 10;
+/// The striped messages.
+const BIG: usize = 8 << 20;
+/// The per-flow cap of the rate tests, Mbit/s.
+const CAP_MBIT: u32 = 100;
+
+/// The hosts tests of this file run one at a time: their rates are what they measure.
+static ONE_AT_A_TIME: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+fn my_host() -> usize {
+    std::env::var("NFAB_HOST")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .expect("NFAB_HOST")
+}
+
+fn script() -> String {
+    std::env::var("NFAB_SCRIPT").expect("NFAB_SCRIPT")
+}
+
+/// Providers that cut messages into pieces between hosts.
+fn striping_providers() -> Vec<&'static str> {
+    let mut p = Vec::new();
+    if libfabric_version() >= (2, 1) {
+        p.push("tcp;ofi_rxm");
+    }
+    if libfabric_version() >= (1, 18) {
+        p.push("tcp");
+    }
+    if p.is_empty() {
+        eprintln!(
+            "SKIPPED: libfabric {:?} has no provider that cuts messages into pieces between \
+             hosts (rxm before 2.1 sends whole messages, native tcp came in 1.18)",
+            libfabric_version()
+        );
+    }
+    p
+}
+
+// ---------------------------------------------------------------------------------------
+// The rank.
+
+#[test]
+#[ignore = "child process of another test"]
+fn child_flows_rank() {
+    let lib = init();
+    let me = my_host();
+    let (h, listen) = lib.listen(0).expect("listen");
+    println!("RESULT handle={}", handle_to_hex(&h));
+    let mut peer = handle_from_hex(read_stdin_line(scaled(30.0)).trim()).expect("peer handle");
+    let (send, recv) = connect_and_accept(&lib, 0, &mut peer, listen, until(20.0));
+    lib.close_listen(listen).expect("closeListen");
+    // The warm-up: whole messages on the first flow only (so the test tells it from the
+    // others by what it sent), then striped ones, which open every flow's connection.
+    let deadline = until(60.0);
+    match me {
+        0 => {
+            send_n(&lib, send, WHOLE, 40, deadline);
+            send_n(&lib, send, BIG, 2, deadline);
+        }
+        _ => {
+            recv_n(&lib, recv, WHOLE, 40, deadline);
+            recv_n(&lib, recv, BIG, 2, deadline);
+        }
+    }
+    println!("RESULT warm=1");
+    // The test shapes or cuts the connections now.
+    assert_eq!(read_stdin_line(scaled(60.0)).trim(), "go");
+    let script = script();
+    match (script.split_once(':'), me) {
+        (Some(("stream", n)), 0) => stream_send(&lib, send, n.parse().unwrap()),
+        (Some(("stream", n)), _) => stream_recv(&lib, recv, n.parse().unwrap()),
+        (None, _) if script == "shapes" => shapes(&lib, send, recv, me == 0),
+        (None, _) if script == "cut" => until_cut(&lib, send, recv, me == 0),
+        _ => panic!("unknown script {script}"),
+    }
+    // The test reads what each connection carried before they close.
+    println!("RESULT done=1");
+    assert_eq!(read_stdin_line(scaled(60.0)).trim(), "close");
+    lib.close_send(send).expect("closeSend");
+    lib.close_recv(recv).expect("closeRecv");
+    lib.finalize().expect("finalize");
+    println!("RESULT ok=1");
+}
+
+/// How many messages stream with each rank posting ahead.
+const AHEAD: usize = 2;
+
+/// Sends `count` messages of [`BIG`] bytes, [`AHEAD`] at a time.
+fn stream_send(lib: &PluginLib, comm: Ptr, count: usize) {
+    let deadline = until(120.0);
+    let mut bufs: Vec<Vec<u8>> = (0..AHEAD).map(|i| pattern(i, BIG)).collect();
+    let mut posted: Vec<Option<Ptr>> = vec![None; AHEAD];
+    for i in 0..count + AHEAD {
+        let k = i % AHEAD;
+        if let Some(r) = posted[k].take() {
+            assert_eq!(lib.wait(r, deadline).expect("send") as usize, BIG);
+        }
+        if i < count {
+            let b = &mut bufs[k];
+            // SAFETY: the buffer stays until this request was waited for (above, or at the end).
+            let r =
+                unsafe { lib.isend_until(comm, b.as_mut_ptr().cast(), BIG as i32, NULL, deadline) }
+                    .expect("isend");
+            posted[k] = Some(r);
+        }
+    }
+}
+
+/// Receives and checks `count` messages of [`BIG`] bytes, [`AHEAD`] at a time; prints the
+/// rate from the first message's arrival to the last's.
+fn stream_recv(lib: &PluginLib, comm: Ptr, count: usize) {
+    let deadline = until(120.0);
+    let mut bufs: Vec<Vec<u8>> = (0..AHEAD).map(|_| vec![0u8; BIG]).collect();
+    let mut posted: Vec<Option<Ptr>> = vec![None; AHEAD];
+    let expected: Vec<Vec<u8>> = (0..AHEAD).map(|i| pattern(i, BIG)).collect();
+    let mut first: Option<Instant> = None;
+    for i in 0..count + AHEAD {
+        let k = i % AHEAD;
+        if let Some(r) = posted[k].take() {
+            assert_eq!(lib.wait(r, deadline).expect("receive") as usize, BIG);
+            // Each message is the pattern of its slot: the sender reuses its buffers.
+            assert!(bufs[k] == expected[k], "message {} differs", i - AHEAD);
+            bufs[k].fill(0);
+            first.get_or_insert_with(Instant::now);
+        }
+        if i < count {
+            let b = &mut bufs[k];
+            // SAFETY: as in stream_send.
+            let r =
+                unsafe { lib.irecv_until(comm, b.as_mut_ptr().cast(), BIG as i32, NULL, deadline) }
+                    .expect("irecv");
+            posted[k] = Some(r);
+        }
+    }
+    let secs = first.expect("messages came").elapsed().as_secs_f64();
+    let rate = ((count - 1) * BIG) as f64 / secs / 1e6;
+    println!("RESULT mb_per_s={rate:.1}");
+}
+
+/// Sizes of the messages in flight together (pieces of 64 KiB: 1 to 16 of them, on every
+/// flow and on a few, odd last pieces).
+const SHAPES: &[usize] = &[3 << 20 | 7, 1 << 20, 300_001, 8 << 20, 65_537, 5 << 20];
+
+/// Messages in flight together, then grouped receives whose sends come in reverse order, then
+/// a message cut in more pieces than the receive has room for; every message checked.
+fn shapes(lib: &PluginLib, send: Ptr, recv: Ptr, sender: bool) {
+    let deadline = until(120.0);
+    for round in 0..3 {
+        let mut bufs: Vec<Vec<u8>> = SHAPES
+            .iter()
+            .enumerate()
+            .map(|(i, &n)| match sender {
+                true => pattern(round * 16 + i, n),
+                false => vec![0u8; n + round * 100],
+            })
+            .collect();
+        let reqs: Vec<Ptr> = bufs
+            .iter_mut()
+            .zip(SHAPES)
+            .map(|(b, &n)| {
+                let p = b.as_mut_ptr().cast();
+                // SAFETY: the buffers stay until every request was waited for, below.
+                unsafe {
+                    match sender {
+                        true => lib.isend_until(send, p, n as i32, NULL, deadline),
+                        false => lib.irecv_until(recv, p, b.len() as i32, NULL, deadline),
+                    }
+                }
+                .expect("post")
+            })
+            .collect();
+        for (i, r) in reqs.into_iter().enumerate() {
+            let got = lib.wait(r, deadline).expect("in flight together") as usize;
+            assert_eq!(got, SHAPES[i], "round {round}, message {i}: its size");
+            assert!(
+                sender || bufs[i][..got] == pattern(round * 16 + i, got)[..],
+                "round {round}: message {i} of {got} bytes differs"
+            );
+        }
+    }
+    // Grouped receives: four buffers with their tags, sent last to first.
+    let tags = [11, 22, 33, 44];
+    let sizes = [2 << 20, (1 << 20) + 3, 65_536, 5 << 20];
+    match sender {
+        true => {
+            let mut src: Vec<Vec<u8>> = (0..4).map(|i| pattern(100 + i, sizes[i])).collect();
+            let reqs: Vec<Ptr> = (0..4)
+                .rev()
+                .map(|i| {
+                    let b = &mut src[i];
+                    // SAFETY: src outlives the requests, waited for below.
+                    until_posted(deadline, || unsafe {
+                        lib.isend_tagged(send, b.as_mut_ptr().cast(), b.len(), tags[i], NULL, NULL)
+                    })
+                })
+                .collect();
+            for r in reqs {
+                lib.wait(r, deadline).expect("grouped send");
+            }
+        }
+        false => {
+            let mut dst: Vec<Vec<u8>> = sizes.iter().map(|&n| vec![0u8; n + 4096]).collect();
+            let bufs: Vec<RecvBuffer> = dst
+                .iter_mut()
+                .zip(tags)
+                .map(|(d, tag)| RecvBuffer {
+                    data: d.as_mut_ptr().cast(),
+                    size: d.len(),
+                    tag,
+                    mhandle: NULL,
+                    phandle: NULL,
+                })
+                .collect();
+            // SAFETY: dst outlives the request, waited for below.
+            let r = until_posted(deadline, || unsafe { lib.irecv_group(recv, &bufs) });
+            let got = loop {
+                if let Some(got) = lib.test_group(r, 4).expect("grouped receive") {
+                    break got;
+                }
+                assert!(Instant::now() < deadline, "the grouped receive in time");
+                std::thread::yield_now();
+            };
+            for i in 0..4 {
+                assert_eq!(got[i] as usize, sizes[i], "grouped buffer {i}: its size");
+                assert!(
+                    dst[i][..sizes[i]] == pattern(100 + i, sizes[i])[..],
+                    "grouped buffer {i} differs"
+                );
+            }
+        }
+    }
+    // A message of 16 pieces into a receive with room for 2 of them: an error for the
+    // receive, the send ends, and the comm goes on.
+    let (long, short) = (4 << 20, 600 << 10);
+    let mut b = match sender {
+        true => pattern(200, long),
+        false => vec![0u8; short],
+    };
+    let p = b.as_mut_ptr().cast();
+    // SAFETY: b outlives the request, waited for right away.
+    let r = unsafe {
+        match sender {
+            true => lib.isend_until(send, p, long as i32, NULL, deadline),
+            false => lib.irecv_until(recv, p, short as i32, NULL, deadline),
+        }
+    }
+    .expect("post");
+    match sender {
+        true => assert_eq!(
+            lib.wait(r, deadline).expect("the long send ends") as usize,
+            long
+        ),
+        false => println!(
+            "RESULT truncated={}",
+            lib.wait(r, deadline)
+                .expect_err("too long for the receive")
+                .code
+        ),
+    }
+    match sender {
+        true => send_n(lib, send, SHAPES[0], 2, deadline),
+        false => recv_n(lib, recv, SHAPES[0], 2, deadline),
+    }
+}
+
+/// Posts until the plugin takes the request (it may ask to be called again).
+fn until_posted(
+    deadline: Instant,
+    mut post: impl FnMut() -> nccl_net_host::CallResult<Option<Ptr>>,
+) -> Ptr {
+    loop {
+        if let Some(r) = post().expect("post") {
+            return r;
+        }
+        assert!(Instant::now() < deadline, "posted in time");
+        std::thread::yield_now();
+    }
+}
+
+/// Streams striped messages until the comm fails (one of its flows was cut); prints how long
+/// after the first message posted it failed, and the error.
+fn until_cut(lib: &PluginLib, send: Ptr, recv: Ptr, sender: bool) {
+    let deadline = until(60.0);
+    let started = Instant::now();
+    let mut buf = match sender {
+        true => pattern(7, BIG),
+        false => vec![0u8; BIG],
+    };
+    for i in 0.. {
+        let p = buf.as_mut_ptr().cast();
+        // SAFETY: buf outlives the request, waited for right away.
+        let posted = unsafe {
+            match sender {
+                true => lib.isend_until(send, p, BIG as i32, NULL, deadline),
+                false => lib.irecv_until(recv, p, BIG as i32, NULL, deadline),
+            }
+        };
+        let failed = match posted {
+            Ok(r) => match lib.wait(r, deadline) {
+                Ok(n) => {
+                    assert_eq!(n as usize, BIG, "message {i}");
+                    continue;
+                }
+                Err(e) => e,
+            },
+            Err(e) => e,
+        };
+        println!(
+            "RESULT failed={} after_ms={} messages={i}",
+            failed.code,
+            started.elapsed().as_millis()
+        );
+        return;
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// The tests.
+
+/// A finished pair's outcome: both ranks passed, their stderr.
+fn both_ok(a: ChildTest, b: ChildTest, what: &str) -> [Finished; 2] {
+    let done = [a.finish(), b.finish()];
+    for (k, f) in done.iter().enumerate() {
+        ok(f, &format!("host {k} ({what})"));
+    }
+    done
+}
+
+/// Two hosts running `script` with `extra` settings: after the warm-up, `shape` may cap or
+/// cut host 0's connections that carried it (the first flow's first); then the script runs,
+/// and `after` learns from the hosts what it needs before the ranks close their comms.
+fn run_pair<T>(
+    p: &str,
+    extra: &[(&str, &str)],
+    script: &str,
+    shape: impl FnOnce(&Hosts, &[Connection]),
+    after: impl FnOnce(&Hosts, &[Connection]) -> T,
+) -> ([Finished; 2], T) {
+    let hosts = Hosts::new(2);
+    let mut env = host_env(p, extra);
+    env.push(("NFAB_SCRIPT".into(), script.into()));
+    env.push(("NCCL_DEBUG".into(), "INFO".into()));
+    let (mut a, mut b) = pair_on_hosts(&hosts, "child_flows_rank", &env, scaled(CHILD));
+    a.read_result("warm");
+    b.read_result("warm");
+    let flows = data_connections(&hosts);
+    shape(&hosts, &flows);
+    a.send_line("go");
+    b.send_line("go");
+    a.read_result("done");
+    b.read_result("done");
+    let learnt = after(&hosts, &flows);
+    a.send_line("close");
+    b.send_line("close");
+    (
+        both_ok(a, b, &format!("{script} over {p}, {extra:?}")),
+        learnt,
+    )
+}
+
+/// Host 0's connections that carried the warm-up, the first flow's first (it sent the whole
+/// messages as well as its pieces).
+fn data_connections(hosts: &Hosts) -> Vec<Connection> {
+    let mut c: Vec<Connection> = hosts
+        .connections(0)
+        .into_iter()
+        .filter(|c| c.bytes_sent >= 512 << 10)
+        .collect();
+    c.sort_by_key(|c| std::cmp::Reverse(c.bytes_sent));
+    c
+}
+
+/// What host 0 sent on each of `flows` since they were listed.
+fn sent_since(hosts: &Hosts, flows: &[Connection]) -> Vec<u64> {
+    let now = hosts.connections(0);
+    flows
+        .iter()
+        .map(|f| {
+            now.iter()
+                .find(|c| c.local == f.local && c.remote == f.remote)
+                .map_or(0, |c| c.bytes_sent - f.bytes_sent)
+        })
+        .collect()
+}
+
+#[test]
+fn a_comm_moves_more_with_more_flows_on_capped_links() {
+    if !hosts_or_skip() {
+        return;
+    }
+    let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    for p in striping_providers() {
+        let mut rates = Vec::new();
+        // (flows setting, messages): two to three seconds each at the cap.
+        for (flows, count) in [("1", 4), ("4", 12), ("0", 40)] {
+            let ([_, b], sent) = run_pair(
+                p,
+                &[("NCCL_FABRIC_FLOWS", flows)],
+                &format!("stream:{count}"),
+                |hosts, flows| hosts.cap_flows(0, flows, &[CAP_MBIT]),
+                sent_since,
+            );
+            let rate: f64 = b.result("mb_per_s").unwrap().parse().unwrap();
+            eprintln!(
+                "{p}, flows {flows}: {rate:.1} MB/s with every connection capped at \
+                 {CAP_MBIT} Mbit/s; sent per connection {sent:?}"
+            );
+            // The default (0) by the NIC's speed: a veth says 10 Gb/s, for the most flows.
+            let k = match flows {
+                "0" => 16,
+                n => n.parse().unwrap(),
+            };
+            let sized = match k {
+                1 => "1 flow per comm".to_string(),
+                k => format!("{k} flow(s) per comm"),
+            };
+            assert!(
+                b.stderr.contains(&sized),
+                "over {p}, flows {flows}: the sizing line says {sized}: {}",
+                b.stderr
+            );
+            assert_eq!(
+                sent.len(),
+                k,
+                "over {p}, flows {flows}: connections that carried the warm-up"
+            );
+            // Every flow carried its share of the stream.
+            let total: u64 = sent.iter().sum();
+            assert!(
+                total >= (count * BIG) as u64 && sent.iter().all(|&s| s >= total / (2 * k as u64)),
+                "over {p}, flows {flows}: each connection carries a share: {sent:?}"
+            );
+            rates.push(rate);
+        }
+        let cap = f64::from(CAP_MBIT) / 8.0;
+        // The cap holds: one flow moves no more than it lets through.
+        assert!(
+            rates[0] <= 1.3 * cap,
+            "over {p}: one flow moved {} MB/s past a cap of {cap}",
+            rates[0]
+        );
+        assert!(
+            rates[1] >= 2.0 * rates[0] && rates[2] >= 3.0 * rates[0],
+            "over {p}: 4 flows and the default moved {} and {} MB/s, one flow {}",
+            rates[1],
+            rates[2],
+            rates[0]
+        );
+    }
+}
+
+/// Messages in pieces over four flows at four rates (20 to 400 Mbit/s): their pieces finish
+/// out of order, and every message arrives whole; grouped receives and a truncated receive
+/// among them.
+#[test]
+fn pieces_that_finish_out_of_order_make_whole_messages() {
+    if !hosts_or_skip() {
+        return;
+    }
+    let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    for p in striping_providers() {
+        let settings = [
+            ("NCCL_FABRIC_FLOWS", "4"),
+            ("NCCL_FABRIC_PIECE_BYTES", "65536"),
+        ];
+        let ([_, b], ()) = run_pair(
+            p,
+            &settings,
+            "shapes",
+            |hosts, flows| hosts.cap_flows(0, flows, &[20, 400, 60, 200]),
+            |_, _| (),
+        );
+        assert!(
+            b.stderr.contains("4 flow(s) per comm"),
+            "over {p}: the comms have 4 flows: {}",
+            b.stderr
+        );
+        let truncated: i32 = b.result("truncated").unwrap().parse().unwrap();
+        assert_eq!(
+            truncated,
+            NcclResult::InternalError as i32,
+            "over {p}: a message longer than the receive is an error for it"
+        );
+        assert!(
+            b.stderr.contains("receive of 614400 bytes"),
+            "over {p}: the WARN names the receive's size: {}",
+            b.stderr
+        );
+    }
+}
+
+/// A flow whose connection drops everything while the others (and the peer's liveness) go
+/// on: the comm fails at both ends within the fault deadline, the WARN naming the flow.
+#[test]
+fn a_cut_flow_fails_the_comm_at_both_ends() {
+    if !hosts_or_skip() {
+        return;
+    }
+    let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    for p in striping_providers() {
+        let settings = [("NCCL_FABRIC_FLOWS", "4")];
+        let (done, ()) = run_pair(
+            p,
+            &settings,
+            "cut",
+            |hosts, flows| {
+                assert_eq!(flows.len(), 4, "over {p}: connections of the warm-up");
+                hosts.cap_flows(0, flows, &[10_000]);
+                // Not the first flow (whole messages and headers): see the README.
+                hosts.cut_flow(0, 2);
+            },
+            |_, _| (),
+        );
+        for (k, f) in done.iter().enumerate() {
+            let after: u64 = f
+                .result("failed")
+                .and_then(|_| {
+                    f.stdout
+                        .split("after_ms=")
+                        .nth(1)?
+                        .split_whitespace()
+                        .next()?
+                        .parse()
+                        .ok()
+                })
+                .unwrap_or_else(|| panic!("host {k} over {p}: no failure: {}", f.stdout));
+            eprintln!("{p}: host {k}'s comm failed {after} ms after the cut");
+            // The peer timeout (3 s), twice over, and the time to notice.
+            assert!(
+                Duration::from_millis(after) <= scaled(10.0),
+                "over {p}: host {k}'s comm failed only after {after} ms"
+            );
+            assert!(
+                f.stderr.contains("carries nothing"),
+                "over {p}: host {k}'s WARN names the flow: {}",
+                f.stderr
+            );
+        }
+    }
+}
