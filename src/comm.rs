@@ -28,7 +28,7 @@
 //! and close never waits.
 
 use crate::control::{now_ms, Peer};
-use crate::driver::{owner_key, Owner, Post, SinkSpec, Transfer};
+use crate::driver::{owner_key, Owned, Owner, Post, SinkSpec, Transfer};
 use crate::error::{Error, Result};
 use crate::handshake::Identity;
 use crate::lane::{IdLease, Lane};
@@ -219,8 +219,12 @@ struct Part {
     pieces: Box<[Op]>,
     /// Pieces in use (0: a whole message).
     used: AtomicUsize,
-    /// A receive's pieces were handed to the drivers (after its header arrived).
+    /// A receive's pieces were handed to the drivers (after its header arrived), or never
+    /// will be (sealed: the request failed or its comm closed first).
     settled: AtomicBool,
+    /// Held while settling or sealing: the driver that completed the header and NCCL's
+    /// thread may both try (see [`Part::settle_once`]).
+    settle_lock: Mutex<()>,
     /// Bytes posted (send size or receive buffer size).
     posted: AtomicUsize,
     /// Where a receive's pieces go: its buffer, descriptors and kind.
@@ -249,6 +253,28 @@ pub struct Sizes {
 unsafe impl Send for Comm {}
 // SAFETY: as above.
 unsafe impl Sync for Comm {}
+
+impl Owned for Comm {
+    /// A receive's header arrived: its pieces go to their flows' drivers now, from the
+    /// driver's thread, rather than at NCCL's next `test` (a receiver that makes no call
+    /// meanwhile would hold the sender's pieces back).
+    fn completed(&self, op: &Op) {
+        if self.dir != Direction::Recv || self.piece == 0 || op.status() != Status::Done(0) {
+            return;
+        }
+        let Some(layout) = self.lane().tags.layout_of(op.tag()) else {
+            return;
+        };
+        let part = self
+            .requests
+            .iter()
+            .flat_map(|r| r.parts.iter())
+            .find(|p| std::ptr::eq(&p.op, op));
+        if let Some(part) = part.filter(|p| layout.count <= p.pieces.len()) {
+            part.settle_once(self, layout, false);
+        }
+    }
+}
 
 /// How a comm carries its requests.
 pub struct Terms {
@@ -307,6 +333,7 @@ impl Comm {
                         pieces: (0..pieces).map(|_| Op::default()).collect(),
                         used: AtomicUsize::new(0),
                         settled: AtomicBool::new(false),
+                        settle_lock: Mutex::new(()),
                         posted: AtomicUsize::new(0),
                         buf: AtomicPtr::new(std::ptr::null_mut()),
                         descs: Default::default(),
@@ -640,6 +667,13 @@ impl Comm {
         if let Some(times) = self.times.text() {
             tracing::info!("{} comm {}: {times}", self.what(), self.peer_text());
         }
+        if self.dir == Direction::Recv {
+            // Headers that arrive from now on leave their pieces to the sinks: nothing is
+            // handed to the drivers after the comm's operations are withdrawn.
+            for p in self.requests.iter().flat_map(|r| r.parts.iter()) {
+                p.seal();
+            }
+        }
         let owner: Owner = self.clone();
         let healthy =
             |c: &Comm| !c.failed.load(Ordering::Acquire) && c.peer.liveness.dead().is_none();
@@ -678,13 +712,17 @@ impl Comm {
         if let Some(limit) = self.stall_warn {
             if waited >= limit && !r.stall_reported.swap(true, Ordering::Relaxed) {
                 tracing::warn!(
-                    "a {} of {} bytes {} has not finished after {} ms: the peer is slow or \
+                    "a {} of {} bytes {} has not finished after {} ms{}: the peer is slow or \
                      stopped, or the provider {} is not making progress (known for native \
                      tcp, ofiwg/libfabric#8963)",
                     self.what(),
                     r.bytes_posted(),
                     self.peer_text(),
                     waited.as_millis(),
+                    r.parts_in_use()
+                        .iter()
+                        .filter_map(Part::progress)
+                        .collect::<String>(),
                     self.lane().endpoint.provider
                 );
             }
@@ -902,8 +940,9 @@ impl Request {
     fn settle_all(&self, comm: &Comm) {
         for p in self.parts_in_use() {
             if comm.dir == Direction::Recv {
-                if let (Status::Done(_), Some(layout)) = (p.op.status(), p.layout(comm)) {
-                    p.settle_once(comm, layout, true);
+                match (p.op.status(), p.layout(comm)) {
+                    (Status::Done(_), Some(layout)) => p.settle_once(comm, layout, true),
+                    _ => p.seal(),
                 }
             }
         }
@@ -984,6 +1023,26 @@ impl Part {
 
     fn all_ops(&self) -> impl Iterator<Item = &Op> {
         std::iter::once(&self.op).chain(self.pieces.iter())
+    }
+
+    /// Where a message in pieces stands, for a stall WARN (`None`: not in pieces).
+    fn progress(&self) -> Option<String> {
+        let used = self.used.load(Ordering::Relaxed).min(self.pieces.len());
+        if used == 0 {
+            return None;
+        }
+        let state = |o: &Op| match o.status() {
+            Status::Idle => 'i',
+            Status::Queued => 'q',
+            Status::Posted => 'p',
+            Status::Done(_) => 'd',
+            Status::Failed => 'f',
+        };
+        let pieces: String = self.pieces[..used].iter().map(state).collect();
+        Some(format!(
+            " (header {}, pieces {pieces}: d done, p with the provider, q queued)",
+            state(&self.op)
+        ))
     }
 
     /// The first piece of it not finished while another is, if any.
@@ -1088,7 +1147,12 @@ impl Part {
     /// travels on, at its offset in the buffer, or (`drain`, or past the buffer's end) as an
     /// empty receive into the overflow area; once per request. (An error here is the
     /// endpoint's, which the next `test` reports.)
+    ///
+    /// The driver whose endpoint completed the header calls it at once (see `Owned for
+    /// Comm`), so the pieces move whether or not NCCL calls `test` meanwhile; `test` calls it
+    /// too, and the first one settles.
     fn settle_once(&self, comm: &Comm, layout: Layout, drain: bool) {
+        let _settling = self.settle_lock.lock();
         if self.settled.swap(true, Ordering::AcqRel) {
             return;
         }
@@ -1132,6 +1196,13 @@ impl Part {
                 },
             });
         }
+    }
+
+    /// No piece of it is handed to the drivers from now on (its request failed, or its comm
+    /// closed): a header that arrives later leaves its pieces to the sinks.
+    fn seal(&self) {
+        let _settling = self.settle_lock.lock();
+        self.settled.store(true, Ordering::Release);
     }
 
     /// A failed receive gives up its pieces (no message will fill them now).

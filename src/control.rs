@@ -695,6 +695,8 @@ impl Msg {
     }
 }
 
+impl crate::driver::Owned for Msg {}
+
 impl Purpose {
     fn failed(self, why: String) {
         match self {

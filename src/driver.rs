@@ -16,7 +16,6 @@ use crate::op::{Op, Status};
 use crate::sys;
 use crate::wake::{Sleep, Waker};
 use parking_lot::Mutex;
-use std::any::Any;
 use std::collections::{HashMap, VecDeque};
 use std::ffi::c_void;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
@@ -70,12 +69,30 @@ struct SinkOp {
     op: Op,
 }
 
+impl Owned for SinkOp {
+    fn is_sink(&self) -> bool {
+        true
+    }
+}
+
 fn is_sink(owner: &Owner) -> bool {
-    owner.is::<SinkOp>()
+    owner.is_sink()
+}
+
+/// What holds operations: it keeps their memory alive while the provider holds them, and
+/// hears of each completion in the driver's thread, once the operation shows it.
+pub trait Owned: Send + Sync {
+    /// One of its operations completed (or failed). Runs inside a driver's turn: it may
+    /// hand the drivers more operations (commands), never wait for one.
+    fn completed(&self, _op: &Op) {}
+    /// Whether it is a closed comm's sink.
+    fn is_sink(&self) -> bool {
+        false
+    }
 }
 
 /// What keeps an operation's memory alive while the provider holds it.
-pub type Owner = Arc<dyn Any + Send + Sync>;
+pub type Owner = Arc<dyn Owned>;
 
 /// The identity of an owner, for withdrawing its operations.
 pub fn owner_key(owner: &Owner) -> usize {
@@ -595,6 +612,7 @@ impl Driver {
             },
             Event::Failed(f) => op.fail(f),
         }
+        entry.owner.completed(op);
         drop(entry.owner);
     }
 
@@ -795,7 +813,11 @@ impl Driver {
                 self.in_flight.len()
             );
         }
-        let keep: Vec<Owner> = self.in_flight.drain().map(|(_, f)| f.owner).collect();
+        let keep: Vec<Box<dyn Send + Sync>> = self
+            .in_flight
+            .drain()
+            .map(|(_, f)| Box::new(f.owner) as Box<dyn Send + Sync>)
+            .collect();
         let retired = Retired {
             queue: self.queue,
             keep,

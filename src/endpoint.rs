@@ -111,7 +111,7 @@ unsafe impl Sync for Endpoint {}
 /// queue closes first (fields drop in order), then the owners' memory goes.
 pub struct Retired {
     pub queue: Queue,
-    pub keep: Vec<Arc<dyn std::any::Any + Send + Sync>>,
+    pub keep: Vec<Box<dyn Send + Sync>>,
 }
 
 /// The driver's part of an endpoint: the endpoint and its completion queue.

@@ -65,6 +65,9 @@ pub struct Lane {
     idle_since: Mutex<Option<std::time::Instant>>,
     /// When an NCCL call last drove the lane (`control::now_ms`).
     last_call: AtomicU64,
+    /// When a turn last found work (`control::now_ms`): the provider may still owe the peer
+    /// messages of its own then (a rendezvous' acknowledgement), which only turns send.
+    last_work: AtomicU64,
     pool: Weak<LanePool>,
     /// Its place in the pool (`None`: a lane of one comm).
     slot: Option<usize>,
@@ -149,11 +152,13 @@ impl Lane {
     /// returned.
     pub fn drive(&self) -> Result<()> {
         if !self.threaded {
-            self.last_call
-                .store(crate::control::now_ms(), Ordering::Relaxed);
+            let now = crate::control::now_ms();
+            self.last_call.store(now, Ordering::Relaxed);
             if let Some(mut link) = self.link.try_lock() {
                 if let Some(d) = &mut *link {
-                    d.turn()?;
+                    if d.turn()? > 0 {
+                        self.last_work.store(now, Ordering::Relaxed);
+                    }
                 }
             }
         }
@@ -165,17 +170,23 @@ impl Lane {
     }
 
     /// The control thread's turn for a lane NCCL's calls drive: taken only when no call drove
-    /// it for [`NUDGE`] and the provider holds operations of it, and never waited for (a call
-    /// driving it now is the turn).
+    /// it for [`NUDGE`] and the provider holds operations of it, commands wait for it (a
+    /// receive's pieces, handed over when its header arrived), or it found work less than
+    /// [`NUDGE_TAIL`] ago (a receiver whose last receive completed still owes its sender the
+    /// rendezvous' acknowledgement, which the sender's request waits for), and never waited
+    /// for (a call driving it now is the turn).
     fn nudge(&self) {
-        let since = crate::control::now_ms().saturating_sub(self.last_call.load(Ordering::Relaxed));
+        let now = crate::control::now_ms();
+        let since = now.saturating_sub(self.last_call.load(Ordering::Relaxed));
         if since < NUDGE.as_millis() as u64 {
             return;
         }
+        let worked = now.saturating_sub(self.last_work.load(Ordering::Relaxed));
         if let Some(mut link) = self.link.try_lock() {
             if let Some(d) = &mut *link {
-                if d.in_flight() > 0 {
-                    let _ = d.turn();
+                let owed = worked < NUDGE_TAIL.as_millis() as u64 || !self.inbox.is_empty();
+                if (d.in_flight() > 0 || owed) && d.turn().is_ok_and(|n| n > 0) {
+                    self.last_work.store(now, Ordering::Relaxed);
                 }
             }
         }
@@ -359,6 +370,8 @@ pub struct LaneConfig {
 /// its operations before the control thread gives it one: a provider that moves data only
 /// inside calls (manual progress: rxm, rxd, ucx) keeps moving it while NCCL makes none.
 pub const NUDGE: Duration = Duration::from_millis(20);
+/// How long after a lane's last work the control thread keeps nudging it (see `Lane::nudge`).
+const NUDGE_TAIL: Duration = Duration::from_secs(1);
 
 /// Whether a provider's refusal of a wait object was told (once per process).
 static REFUSED_WAIT_TOLD: AtomicBool = AtomicBool::new(false);
@@ -712,6 +725,7 @@ impl LanePool {
             users: AtomicUsize::new(1),
             idle_since: Mutex::new(None),
             last_call: AtomicU64::new(crate::control::now_ms()),
+            last_work: AtomicU64::new(crate::control::now_ms()),
             pool: Arc::downgrade(self),
             slot,
         });

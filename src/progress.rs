@@ -12,7 +12,9 @@
 //! `NCCL_FABRIC_PROGRESS_SPIN_US` (20 ms; 50 µs for threads forced onto too few CPUs, see
 //! `settings::SPIN_CROWDED_US`) sleeps in `poll` on the wait objects of all its endpoints
 //! and its bell: it wakes when data arrives, a socket takes more, a command comes or it is
-//! stopped, and after [`SLEEP_IN_FLIGHT`] at most while operations are in flight. Elsewhere
+//! stopped, and after [`SLEEP_IN_FLIGHT`] at most while operations are in flight; then every
+//! endpoint gets a turn (what woke it may be any endpoint's, or a connection request that
+//! only a turn of the listening endpoint takes in). Elsewhere
 //! it naps (20 µs, later 200 µs) while operations are in flight. Once nothing is in flight it
 //! sleeps (50 ms): then no completion can come, and a new operation wakes it at once
 //! (commands unpark it, and ring its bell); where it sleeps on wait objects it does so after
@@ -201,13 +203,15 @@ fn run(worker: &Worker, spin: Option<Duration>) {
     // When the sweeps started finding nothing.
     let mut quiet_since: Option<Instant> = None;
     let mut last_cold = Instant::now();
+    // Whether the next sweep turns every member (after a sleep).
+    let mut cold_now = false;
     while !worker.stop.load(Ordering::Acquire) {
         let generation = worker.generation.load(Ordering::Acquire);
         if generation != seen {
             members = worker.members.lock().clone();
             seen = generation;
         }
-        let cold = last_cold.elapsed() >= COLD_TURN;
+        let cold = std::mem::take(&mut cold_now) || last_cold.elapsed() >= COLD_TURN;
         if cold {
             last_cold = Instant::now();
         }
@@ -241,7 +245,9 @@ fn run(worker: &Worker, spin: Option<Duration>) {
                                 || members.iter().any(|m| m.has_commands())
                         };
                         if worker.waker.doze(&mut fds, limit, commands) {
-                            last_cold = Instant::now();
+                            // Whatever woke it (or the timer) may be any member's: every
+                            // one gets a turn now, the idle ones' connection events too.
+                            cold_now = true;
                             continue;
                         }
                     }
