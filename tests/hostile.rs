@@ -20,7 +20,7 @@ use common::scenario::*;
 use common::stranger::{Outcome, Stranger};
 use common::*;
 use nccl_net_fabric::control::CONTROL_TAG;
-use nccl_net_fabric::handshake::{Handle, Kind, Record};
+use nccl_net_fabric::handshake::{Handle, Kind, Record, MSG_SIZE};
 use nccl_net_fabric::nccl::{NcclResult, NET_HANDLE_MAXSIZE};
 use nccl_net_fabric::tags::Tags;
 use nccl_net_host::{handle_from_hex, handle_to_hex};
@@ -163,7 +163,7 @@ fn serve_one(s: &mut Stranger, me: &[u8], victim: u64, bytes: &[u8], relay: &mut
         Kind::Connect if relay.connector.is_none() && r.fields.len() >= 2 => {
             relay.connector = Some(r.fields[0].clone());
             r.fields[0] = me.to_vec();
-            let mut buf = vec![0u8; 320];
+            let mut buf = vec![0u8; MSG_SIZE];
             r.write(&mut buf).expect("encode");
             assert_eq!(s.send(victim, CONTROL_TAG, &buf, t), Outcome::Done(0));
         }
@@ -181,7 +181,7 @@ fn serve_one(s: &mut Stranger, me: &[u8], victim: u64, bytes: &[u8], relay: &mut
                 who: r.who,
                 fields: vec![],
             };
-            let mut buf = vec![0u8; 320];
+            let mut buf = vec![0u8; MSG_SIZE];
             pong.write(&mut buf).expect("encode");
             let _ = s.send(to, CONTROL_TAG, &buf, t);
         }
@@ -245,8 +245,9 @@ fn child_stranger() {
     let tags = Tags::new(s.mem_tag_format);
     let mut injected = 0;
     for seq in 0..INJECTED {
-        if s.send(data, tags.data(id, 0, seq), &[0xee; 1024], t) == Outcome::Done(0) {
-            injected += 1;
+        match s.send(data, tags.data(id, 0, seq), &[0xee; 1024], t) {
+            Outcome::Done(0) => injected += 1,
+            other => eprintln!("injection {seq}: {other:?}"),
         }
     }
     println!("RESULT injected={injected}");
@@ -378,7 +379,8 @@ fn a_stranger_cannot_reach_a_comm_or_take_a_listen_comm() {
         assert_eq!(
             injected,
             INJECTED.to_string(),
-            "{p}: the injections went out"
+            "{p}: the injections went out: {}",
+            fs.stderr
         );
         // Control endpoints take every message whatever its tag; a data endpoint may push
         // back, but not before half the flood is in (else the memory bounds below would hold

@@ -453,7 +453,9 @@ fn child_reload() {
 
 #[test]
 fn reloading_the_library_leaves_nothing_behind() {
-    for (p, env) in envs(&[]) {
+    // One flow per comm: each cycle's comm would take its first flow on the next of 16 lanes,
+    // and how many of those linger at a mark (5 s after their comm) varies with the cycle.
+    for (p, env) in envs(&[("NCCL_FABRIC_FLOWS", "1")]) {
         let f = run_child("child_reload", &env, scaled(CHILD * 2.0));
         ok(&f, &format!("100 reloads over {p}"));
         for l in f
@@ -530,8 +532,15 @@ fn child_linger() {
 
 #[test]
 fn lanes_outlive_a_communicator_by_the_linger_time() {
-    // shm gives every comm an endpoint of its own: nothing is shared, nothing lingers.
-    for (p, env) in envs(&[("NCCL_FABRIC_LANE_LINGER_MS", "1000")]) {
+    // shm gives every comm an endpoint of its own: nothing is shared, nothing lingers. One
+    // flow per comm: each comm's first flow is the pool's next lane, whose connection to the
+    // peer opens with its first message, which would count as descriptors of the second
+    // communicator's own.
+    let settings = [
+        ("NCCL_FABRIC_LANE_LINGER_MS", "1000"),
+        ("NCCL_FABRIC_FLOWS", "1"),
+    ];
+    for (p, env) in envs(&settings) {
         if p == "shm" {
             continue;
         }
