@@ -633,13 +633,7 @@ impl Comm {
                 drop(seqs);
                 self.lane().drive_neighbours();
                 let now = now_ms();
-                let since = match self.refused_since.load(Ordering::Relaxed) {
-                    0 => {
-                        self.refused_since.store(now, Ordering::Relaxed);
-                        now
-                    }
-                    t => t,
-                };
+                let since = first_seen(&self.refused_since, now);
                 self.check_peer(Duration::from_millis(now - since))?;
                 Ok(None)
             }
@@ -746,13 +740,7 @@ impl Comm {
             return Ok(());
         };
         let now = now_ms();
-        let since = match r.straggling_since.load(Ordering::Relaxed) {
-            0 => {
-                r.straggling_since.store(now, Ordering::Relaxed);
-                now
-            }
-            t => t,
-        };
+        let since = first_seen(&r.straggling_since, now);
         let took = since.saturating_sub(r.posted_at_ms.load(Ordering::Relaxed));
         let limit = (self.peer.liveness.timeout().as_millis() as u64).max(2 * took);
         let lag = now.saturating_sub(since);
@@ -783,6 +771,14 @@ impl Comm {
             .liveness
             .watch(waited, urgent)
             .map_err(|why| self.peer_lost(&why))
+    }
+}
+
+/// When something was first seen (ms): `at` if set, else `now`, stored there (0: not seen).
+fn first_seen(at: &AtomicU64, now: u64) -> u64 {
+    match at.compare_exchange(0, now, Ordering::Relaxed, Ordering::Relaxed) {
+        Ok(_) => now,
+        Err(t) => t,
     }
 }
 

@@ -95,8 +95,8 @@ fn child_flows_rank() {
     assert_eq!(read_stdin_line(scaled(60.0)).trim(), "go");
     let script = script();
     match (script.split_once(':'), me) {
-        (Some(("stream", n)), 0) => stream_send(&lib, send, n.parse().unwrap()),
-        (Some(("stream", n)), _) => stream_recv(&lib, recv, n.parse().unwrap()),
+        (Some(("stream", n)), 0) => stream(&lib, send, n.parse().unwrap(), true),
+        (Some(("stream", n)), _) => stream(&lib, recv, n.parse().unwrap(), false),
         (None, _) if script == "shapes" => shapes(&lib, send, recv, me == 0),
         (None, _) if script == "cut" => until_cut(&lib, send, recv, me == 0),
         _ => panic!("unknown script {script}"),
@@ -113,56 +113,46 @@ fn child_flows_rank() {
 /// How many messages stream with each rank posting ahead.
 const AHEAD: usize = 2;
 
-/// Sends `count` messages of [`BIG`] bytes, [`AHEAD`] at a time.
-fn stream_send(lib: &PluginLib, comm: Ptr, count: usize) {
+/// Streams `count` messages of [`BIG`] bytes, [`AHEAD`] at a time: sends them, or receives and
+/// checks them and prints the rate from the first message's arrival to the last's.
+fn stream(lib: &PluginLib, comm: Ptr, count: usize, sender: bool) {
     let deadline = until(120.0);
-    let mut bufs: Vec<Vec<u8>> = (0..AHEAD).map(|i| pattern(i, BIG)).collect();
-    let mut posted: Vec<Option<Ptr>> = vec![None; AHEAD];
-    for i in 0..count + AHEAD {
-        let k = i % AHEAD;
-        if let Some(r) = posted[k].take() {
-            assert_eq!(lib.wait(r, deadline).expect("send") as usize, BIG);
-        }
-        if i < count {
-            let b = &mut bufs[k];
-            // SAFETY: the buffer stays until this request was waited for (above, or at the end).
-            let r =
-                unsafe { lib.isend_until(comm, b.as_mut_ptr().cast(), BIG as i32, NULL, deadline) }
-                    .expect("isend");
-            posted[k] = Some(r);
-        }
-    }
-}
-
-/// Receives and checks `count` messages of [`BIG`] bytes, [`AHEAD`] at a time; prints the
-/// rate from the first message's arrival to the last's.
-fn stream_recv(lib: &PluginLib, comm: Ptr, count: usize) {
-    let deadline = until(120.0);
-    let mut bufs: Vec<Vec<u8>> = (0..AHEAD).map(|_| vec![0u8; BIG]).collect();
-    let mut posted: Vec<Option<Ptr>> = vec![None; AHEAD];
+    // Each message is the pattern of its slot: the sender reuses its buffers.
     let expected: Vec<Vec<u8>> = (0..AHEAD).map(|i| pattern(i, BIG)).collect();
+    let mut bufs: Vec<Vec<u8>> = match sender {
+        true => expected.clone(),
+        false => vec![vec![0u8; BIG]; AHEAD],
+    };
+    let mut posted: Vec<Option<Ptr>> = vec![None; AHEAD];
     let mut first: Option<Instant> = None;
     for i in 0..count + AHEAD {
         let k = i % AHEAD;
         if let Some(r) = posted[k].take() {
-            assert_eq!(lib.wait(r, deadline).expect("receive") as usize, BIG);
-            // Each message is the pattern of its slot: the sender reuses its buffers.
-            assert!(bufs[k] == expected[k], "message {} differs", i - AHEAD);
-            bufs[k].fill(0);
+            assert_eq!(lib.wait(r, deadline).expect("stream") as usize, BIG);
+            if !sender {
+                assert!(bufs[k] == expected[k], "message {} differs", i - AHEAD);
+                bufs[k].fill(0);
+            }
             first.get_or_insert_with(Instant::now);
         }
         if i < count {
-            let b = &mut bufs[k];
-            // SAFETY: as in stream_send.
-            let r =
-                unsafe { lib.irecv_until(comm, b.as_mut_ptr().cast(), BIG as i32, NULL, deadline) }
-                    .expect("irecv");
+            let p = bufs[k].as_mut_ptr().cast();
+            // SAFETY: the buffer stays until this request was waited for (above, or at the end).
+            let r = unsafe {
+                match sender {
+                    true => lib.isend_until(comm, p, BIG as i32, NULL, deadline),
+                    false => lib.irecv_until(comm, p, BIG as i32, NULL, deadline),
+                }
+            }
+            .expect("post");
             posted[k] = Some(r);
         }
     }
-    let secs = first.expect("messages came").elapsed().as_secs_f64();
-    let rate = ((count - 1) * BIG) as f64 / secs / 1e6;
-    println!("RESULT mb_per_s={rate:.1}");
+    if !sender {
+        let secs = first.expect("messages came").elapsed().as_secs_f64();
+        let rate = ((count - 1) * BIG) as f64 / secs / 1e6;
+        println!("RESULT mb_per_s={rate:.1}");
+    }
 }
 
 /// Sizes of the messages in flight together (pieces of 64 KiB: 1 to 16 of them, on every
