@@ -16,7 +16,8 @@
 //! header: an empty message on the first flow whose tag names the cut (see `tags`). The
 //! receiver posts one receive over its whole buffer, which takes a whole message or a header
 //! alike; a header makes it post a receive for each piece at its offset, on the flow the piece
-//! travels on (piece `j` on flow `j mod flows`), while the pieces, sent at once behind the
+//! travels on (piece `j` on flow `first + j mod flows`, each message's `first` after the
+//! previous one's pieces, see [`Comm::first_flow`]), while the pieces, sent at once behind the
 //! header, wait for them in the provider (rxm holds a long message's rendezvous until its
 //! receive is posted). Pieces beyond the receive's buffer are taken in by empty receives (into
 //! the overflow area), so a truncation is reported with both sizes and neither side waits.
@@ -219,6 +220,8 @@ struct Part {
     pieces: Box<[Op]>,
     /// Pieces in use (0: a whole message).
     used: AtomicUsize,
+    /// The flow its first piece travels on (see [`Comm::first_flow`]).
+    first: AtomicUsize,
     /// A receive's pieces were handed to the drivers (after its header arrived), or never
     /// will be (sealed: the request failed or its comm closed first).
     settled: AtomicBool,
@@ -332,6 +335,7 @@ impl Comm {
                         op: Op::default(),
                         pieces: (0..pieces).map(|_| Op::default()).collect(),
                         used: AtomicUsize::new(0),
+                        first: AtomicUsize::new(0),
                         settled: AtomicBool::new(false),
                         settle_lock: Mutex::new(()),
                         posted: AtomicUsize::new(0),
@@ -410,9 +414,18 @@ impl Comm {
         self.wires.len()
     }
 
-    /// The flow piece `j` of a message travels on.
-    fn wire_of(&self, j: usize) -> usize {
-        j % self.wires.len()
+    /// The flow the first piece of the `seq`-th message (per NCCL tag) in `count` pieces
+    /// travels on: messages take the flows in turn, so that NCCL's steps of 2 to 4 pieces
+    /// each, several in flight, spread over all of a comm's flows rather than its first few.
+    /// (`seq` as its tag carries it, which both ends know).
+    fn first_flow(&self, seq: u64, count: usize) -> usize {
+        let seq = self.lane().tags.seq_of(seq) as usize;
+        (seq * count) % self.wires.len()
+    }
+
+    /// The flow piece `j` of a message whose first piece travels on flow `first` takes.
+    fn wire_of(&self, first: usize, j: usize) -> usize {
+        (first + j) % self.wires.len()
     }
 
     /// Errors of its lanes' endpoints themselves.
@@ -420,11 +433,14 @@ impl Comm {
         self.lanes().try_for_each(|l| l.health().check())
     }
 
-    /// A driver's turn on its first `flows` flows' lanes: those a request's pieces travel on
-    /// (see [`Lane::drive`]). With NCCL's calls driving, a 1 MiB message in 4 pieces on a comm
-    /// of 16 flows costs 4 turns per `test`, not 16.
-    fn drive(&self, flows: usize) -> Result<()> {
-        self.lanes().take(flows.max(1)).try_for_each(|l| l.drive())
+    /// A driver's turn on the lanes of the flows in `flows` (a bit per flow; see
+    /// [`Lane::drive`]): those a request travels on. With NCCL's calls driving, a 1 MiB
+    /// message in 4 pieces on a comm of 16 flows costs 5 turns per `test`, not 16.
+    fn drive(&self, flows: u64) -> Result<()> {
+        self.lanes()
+            .enumerate()
+            .filter(|(k, _)| flows & (1 << k) != 0)
+            .try_for_each(|(_, l)| l.drive())
     }
 
     /// This comm as the owner of an operation (it lives while NCCL holds a request of it).
@@ -580,6 +596,8 @@ impl Comm {
             };
             let count = layout.map_or(0, |l| l.count);
             part.used.store(count, Ordering::Relaxed);
+            part.first
+                .store(self.first_flow(keys[i].1, count), Ordering::Relaxed);
             part.pieces[..count].iter().for_each(Op::mark_queued);
             layouts[i] = layout;
         }
@@ -601,8 +619,10 @@ impl Comm {
                 if let (Some(layout), Direction::Send) = (layouts[0], self.dir) {
                     let (b, part) = (&bufs[0], &req.parts[0]);
                     let (key, seq) = keys[0];
+                    let start = part.first.load(Ordering::Relaxed);
                     for j in 0..layout.count {
-                        let wire = &self.wires[self.wire_of(j)];
+                        let k = self.wire_of(start, j);
+                        let wire = &self.wires[k];
                         let (off, len) = span(b.len, layout, j);
                         hand(
                             &wire.lane,
@@ -613,7 +633,7 @@ impl Comm {
                                     // SAFETY: `off` lies within the buffer (see `span`).
                                     buf: unsafe { b.data.cast::<u8>().add(off) }.cast(),
                                     len,
-                                    desc: b.descs[self.wire_of(j)],
+                                    desc: b.descs[k],
                                     dest: wire.addr,
                                     tag: wire.lane.tags.piece(wire.tag(key, seq), j),
                                 },
@@ -748,7 +768,7 @@ impl Comm {
             return Ok(());
         }
         self.failed.store(true, Ordering::Release);
-        let k = self.wire_of(j);
+        let k = self.wire_of(part.first.load(Ordering::Relaxed), j);
         Err(Error::Remote(format!(
             "piece {j} of a {} of {} bytes {} has not moved for {lag} ms while the other pieces \
              finished: flow {k} of {} (endpoint {}) carries nothing, its connection cut on the \
@@ -845,15 +865,14 @@ impl Request {
             .all(|p| p.ops().all(|o| o.status().finished()))
     }
 
-    /// How many of its comm's flows its pieces travel on (1: whole messages; on a receive,
-    /// before its header arrived, only the first flow is known to carry anything).
-    fn flows_in_use(&self, comm: &Comm) -> usize {
-        self.parts_in_use()
-            .iter()
-            .map(|p| p.used.load(Ordering::Relaxed).min(comm.wires.len()))
-            .max()
-            .unwrap_or(1)
-            .max(1)
+    /// The flows it travels on, a bit each: the first (whole messages, headers) and those
+    /// of its pieces (on a receive, known once its header arrived).
+    fn flows_in_use(&self, comm: &Comm) -> u64 {
+        self.parts_in_use().iter().fold(1, |mask, p| {
+            let first = p.first.load(Ordering::Relaxed);
+            (0..p.used.load(Ordering::Relaxed).min(comm.wires.len()))
+                .fold(mask, |m, j| m | 1 << comm.wire_of(first, j))
+        })
     }
 
     /// `test`: `Ok(Some(sizes))` when every buffer is done (the slot is then free again),
@@ -1163,9 +1182,11 @@ impl Part {
         let base = comm.lane().tags.whole(self.op.tag());
         let data = self.buf.load(Ordering::Relaxed);
         let host = self.host.load(Ordering::Relaxed);
+        let first = comm.first_flow(comm.lane().tags.seq_of(self.op.tag()), layout.count);
+        self.first.store(first, Ordering::Relaxed);
         self.used.store(layout.count, Ordering::Relaxed);
         for (j, op) in self.pieces[..layout.count].iter().enumerate() {
-            let k = comm.wire_of(j);
+            let k = comm.wire_of(first, j);
             let wire = &comm.wires[k];
             let (off, room) = span(posted, layout, j);
             let (buf, len, desc, overflow) = match drain || room == 0 {
@@ -1210,7 +1231,8 @@ impl Part {
         if comm.dir == Direction::Recv {
             for (j, op) in self.ops().skip(1).enumerate() {
                 if !op.status().finished() {
-                    let _ = comm.wires[comm.wire_of(j)].lane.cancel(op);
+                    let k = comm.wire_of(self.first.load(Ordering::Relaxed), j);
+                    let _ = comm.wires[k].lane.cancel(op);
                 }
             }
         }

@@ -140,6 +140,10 @@ impl Tags {
             size: PIECE_UNIT << (field >> COUNT_FIELD),
         })
     }
+    /// The sequence number of the message whose first part arrived with tag `first`.
+    pub fn seq_of(&self, first: u64) -> u64 {
+        first & ((1 << COUNT_BITS) - 1)
+    }
     /// The [`Tags::data`] tag of the message whose first part arrived with tag `first`.
     pub fn whole(&self, first: u64) -> u64 {
         first & !(LAYOUT_MASK | LATER)

@@ -95,8 +95,13 @@ fn child_flows_rank() {
     assert_eq!(read_stdin_line(scaled(60.0)).trim(), "go");
     let script = script();
     match (script.split_once(':'), me) {
-        (Some(("stream", n)), 0) => stream(&lib, send, n.parse().unwrap(), true),
-        (Some(("stream", n)), _) => stream(&lib, recv, n.parse().unwrap(), false),
+        (Some(("stream", how)), _) => {
+            // "count" or "count:bytes" (BIG when not given).
+            let (n, size) = how.split_once(':').unwrap_or((how, ""));
+            let size = size.parse().unwrap_or(BIG);
+            let comm = if me == 0 { send } else { recv };
+            stream(&lib, comm, n.parse().unwrap(), size, me == 0)
+        }
         (None, _) if script == "shapes" => shapes(&lib, send, recv, me == 0),
         (None, _) if script == "cut" => until_cut(&lib, send, recv, me == 0),
         _ => panic!("unknown script {script}"),
@@ -113,22 +118,22 @@ fn child_flows_rank() {
 /// How many messages stream with each rank posting ahead.
 const AHEAD: usize = 2;
 
-/// Streams `count` messages of [`BIG`] bytes, [`AHEAD`] at a time: sends them, or receives and
+/// Streams `count` messages of `size` bytes, [`AHEAD`] at a time: sends them, or receives and
 /// checks them and prints the rate from the first message's arrival to the last's.
-fn stream(lib: &PluginLib, comm: Ptr, count: usize, sender: bool) {
+fn stream(lib: &PluginLib, comm: Ptr, count: usize, size: usize, sender: bool) {
     let deadline = until(120.0);
     // Each message is the pattern of its slot: the sender reuses its buffers.
-    let expected: Vec<Vec<u8>> = (0..AHEAD).map(|i| pattern(i, BIG)).collect();
+    let expected: Vec<Vec<u8>> = (0..AHEAD).map(|i| pattern(i, size)).collect();
     let mut bufs: Vec<Vec<u8>> = match sender {
         true => expected.clone(),
-        false => vec![vec![0u8; BIG]; AHEAD],
+        false => vec![vec![0u8; size]; AHEAD],
     };
     let mut posted: Vec<Option<Ptr>> = vec![None; AHEAD];
     let mut first: Option<Instant> = None;
     for i in 0..count + AHEAD {
         let k = i % AHEAD;
         if let Some(r) = posted[k].take() {
-            assert_eq!(lib.wait(r, deadline).expect("stream") as usize, BIG);
+            assert_eq!(lib.wait(r, deadline).expect("stream") as usize, size);
             if !sender {
                 assert!(bufs[k] == expected[k], "message {} differs", i - AHEAD);
                 bufs[k].fill(0);
@@ -140,8 +145,8 @@ fn stream(lib: &PluginLib, comm: Ptr, count: usize, sender: bool) {
             // SAFETY: the buffer stays until this request was waited for (above, or at the end).
             let r = unsafe {
                 match sender {
-                    true => lib.isend_until(comm, p, BIG as i32, NULL, deadline),
-                    false => lib.irecv_until(comm, p, BIG as i32, NULL, deadline),
+                    true => lib.isend_until(comm, p, size as i32, NULL, deadline),
+                    false => lib.irecv_until(comm, p, size as i32, NULL, deadline),
                 }
             }
             .expect("post");
@@ -150,7 +155,7 @@ fn stream(lib: &PluginLib, comm: Ptr, count: usize, sender: bool) {
     }
     if !sender {
         let secs = first.expect("messages came").elapsed().as_secs_f64();
-        let rate = ((count - 1) * BIG) as f64 / secs / 1e6;
+        let rate = ((count - 1) * size) as f64 / secs / 1e6;
         println!("RESULT mb_per_s={rate:.1}");
     }
 }
@@ -463,6 +468,36 @@ fn a_comm_moves_more_with_more_flows_on_capped_links() {
             rates[1],
             rates[2],
             rates[0]
+        );
+    }
+}
+
+/// Messages of NCCL's step size (512 KiB, in two pieces) on a comm of 16 flows: each
+/// message's pieces take the flows after the previous one's, so the stream spreads over every
+/// flow rather than the first two.
+#[test]
+fn short_messages_in_pieces_take_the_flows_in_turn() {
+    if !hosts_or_skip() {
+        return;
+    }
+    let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    const STEP: usize = 512 << 10;
+    const COUNT: usize = 96;
+    for p in striping_providers() {
+        let (_, sent) = run_pair(
+            p,
+            &[],
+            &format!("stream:{COUNT}:{STEP}"),
+            |hosts, flows| hosts.cap_flows(0, flows, &[CAP_MBIT]),
+            sent_since,
+        );
+        eprintln!("{p}: {COUNT} messages of {STEP} bytes, sent per connection {sent:?}");
+        assert_eq!(sent.len(), 16, "over {p}: connections that carried the warm-up");
+        // Each flow carries 12 pieces of 256 KiB; the first the headers too.
+        let total: u64 = sent.iter().sum();
+        assert!(
+            total >= (COUNT * STEP) as u64 && sent.iter().all(|&s| s >= total / 32),
+            "over {p}: each connection carries a share: {sent:?}"
         );
     }
 }
