@@ -338,8 +338,14 @@ pub type Schedule = Box<dyn Fn(Duration, Box<dyn FnOnce() + Send>) + Send + Sync
 
 /// What every lane of a device is opened with.
 pub struct LaneConfig {
-    /// The device's domain; each lane opens a sibling of it.
+    /// The device's domain; each lane opens a sibling of it (of its rail's, see `rails`).
     pub domain: Arc<Domain>,
+    /// A device over several NICs (`NCCL_FABRIC_MERGE`): the domain of each NIC, in the
+    /// repeating order its lanes take them (`nic::rail_pattern`: a faster NIC comes up more
+    /// often). Empty, or one, for a device of one NIC. The lanes per role are then a
+    /// multiple of its length and every comm starts on a lane of the first rail, so that
+    /// flow `j` of a comm travels on rail `j mod len` at both ends.
+    pub rails: Vec<Arc<Domain>>,
     /// With GPU buffers allowed, every endpoint must answer setopt as the probe did.
     pub expected_answer: Option<i32>,
     /// Progress threads that drive the device's lanes (0: NCCL's calls drive them).
@@ -511,7 +517,8 @@ impl LanePool {
         let index = {
             let mut slots = self.slots.lock();
             let (lanes, next) = &mut slots[role as usize];
-            let index = *next % lanes.len();
+            // Over several rails a comm starts on the first rail (see `LaneConfig::rails`).
+            let index = next.wrapping_mul(self.config.rails.len().max(1)) % lanes.len();
             *next = next.wrapping_add(1);
             index
         };
@@ -682,7 +689,11 @@ impl LanePool {
 
     fn open(self: &Arc<Self>, role: Role, slot: Option<usize>) -> Result<Arc<Lane>> {
         let c = &self.config;
-        let domain = c.domain.sibling(c.own_fabric)?;
+        let base = match (slot, c.rails.len()) {
+            (Some(k), n) if n > 1 => &c.rails[k % n],
+            _ => &c.domain,
+        };
+        let domain = base.sibling(c.own_fabric)?;
         let sleeps = c.spin.is_some();
         let (endpoint, queue) = Endpoint::open_waitable(&domain, c.expected_answer, sleeps)?;
         if sleeps && queue.wait_fd().is_none() && !REFUSED_WAIT_TOLD.swap(true, Ordering::Relaxed) {

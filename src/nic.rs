@@ -295,10 +295,51 @@ fn fnv1a(bytes: &[u8]) -> u64 {
     })
 }
 
+/// The order in which a device over several NICs of `speeds_mbps` gives its lanes to the NICs
+/// (indices into `speeds_mbps`), repeated: each NIC as often as its speed is a multiple of
+/// the slowest one's (rounded, 1 to 4; all alike where a speed is unknown), interleaved, so
+/// that flows carry pieces to each NIC in proportion to its speed.
+pub fn rail_pattern(speeds_mbps: &[u64]) -> Vec<usize> {
+    let slowest = speeds_mbps.iter().copied().min().unwrap_or(0);
+    let weight = |s: u64| match slowest {
+        0 => 1,
+        m => ((s + m / 2) / m).clamp(1, 4) as usize,
+    };
+    let weights: Vec<usize> = speeds_mbps.iter().map(|&s| weight(s)).collect();
+    let rounds = weights.iter().copied().max().unwrap_or(0);
+    (0..rounds)
+        .flat_map(|r| {
+            weights
+                .iter()
+                .enumerate()
+                .filter(move |(_, &w)| w > r)
+                .map(|(i, _)| i)
+        })
+        .collect()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use std::os::unix::fs::symlink;
+
+    #[test]
+    fn rails_come_up_in_proportion_to_their_nics_speeds() {
+        assert_eq!(rail_pattern(&[10_000, 10_000]), vec![0, 1]);
+        assert_eq!(rail_pattern(&[25_000; 4]), vec![0, 1, 2, 3]);
+        assert_eq!(rail_pattern(&[200_000, 100_000]), vec![0, 1, 0]);
+        assert_eq!(rail_pattern(&[100_000, 400_000]), vec![0, 1, 1, 1, 1]);
+        assert_eq!(
+            rail_pattern(&[1000, 100_000]),
+            vec![0, 1, 1, 1, 1],
+            "at most 4 to 1"
+        );
+        assert_eq!(
+            rail_pattern(&[0, 25_000]),
+            vec![0, 1],
+            "a speed unknown: all alike"
+        );
+    }
 
     /// A made-up machine: eth0 a virtio NIC on PCI 0000:00:03.0 with no speed, ib0 a
     /// PCI NIC at 25 Gb/s, an RDMA device mlx5_0 on the same function, lo, and a veth.

@@ -37,6 +37,7 @@ pub const LINGER_MS: &str = "NCCL_FABRIC_LANE_LINGER_MS";
 pub const STALL_WARN_MS: &str = "NCCL_FABRIC_STALL_WARN_MS";
 pub const SPEED_MBPS: &str = "NCCL_FABRIC_SPEED_MBPS";
 pub const ALLOW_TCP_RDM: &str = "NCCL_FABRIC_ALLOW_NATIVE_TCP";
+pub const MERGE: &str = "NCCL_FABRIC_MERGE";
 pub const LOG: &str = "NCCL_FABRIC_LOG";
 pub const PROGRESS_THREAD: &str = "NCCL_FABRIC_PROGRESS_THREAD";
 pub const PROGRESS_SPIN_US: &str = "NCCL_FABRIC_PROGRESS_SPIN_US";
@@ -99,8 +100,8 @@ pub const TABLE: &[Setting] = &[
                   goes as up to one piece per flow, all at once, so a network that caps every \
                   TCP flow (clouds do) carries that many flows' worth. Flows cost no threads. \
                   0 = the device's speed over 500 Mbps per flow, from 1 to 16 (16 for 8 Gbps \
-                  and up); 1 over shared memory, with an endpoint per comm, and where messages \
-                  go whole",
+                  and up); 1 over shared memory, with an endpoint per comm, where messages go \
+                  whole, and for a rank bound to one CPU",
     },
     Setting {
         name: LANES,
@@ -207,6 +208,18 @@ pub const TABLE: &[Setting] = &[
                   none) or 400000 for shm and sm2",
     },
     Setting {
+        name: MERGE,
+        kind: Kind::Choice(&["no", "yes"]),
+        default: "no",
+        meaning: "yes: one NCCL device over every NIC chosen (e.g. NCCL_FABRIC_DOMAINS=eth0,eth1), \
+                  named `eth0+eth1`, whose comms stripe each long message's pieces over all of \
+                  them, each NIC carrying flows in proportion to its speed (a NIC of twice the \
+                  speed carries two flows for the other's one, up to 4 to 1). The flows of a \
+                  comm pair NIC k with the peer's NIC k (in the order of their names), so both \
+                  hosts need the same number of NICs, each reachable from its namesake. no: a device per \
+                  NIC, which NCCL spreads its channels over",
+    },
+    Setting {
         name: ALLOW_TCP_RDM,
         kind: Kind::Choice(&["no", "yes"]),
         default: "no",
@@ -301,6 +314,8 @@ pub struct Settings {
     pub stall_warn_ms: u64,
     pub speed_mbps: u64,
     pub allow_native_tcp: bool,
+    /// One device over every NIC (`NCCL_FABRIC_MERGE`).
+    pub merge: bool,
     pub progress_thread: bool,
     /// How long a progress thread with nothing to do spins before it sleeps on the
     /// provider's wait object (`None`: never).
@@ -422,6 +437,7 @@ impl Settings {
             stall_warn_ms: number(STALL_WARN_MS)?,
             speed_mbps: number(SPEED_MBPS)?,
             allow_native_tcp: value(&lookup, ALLOW_TCP_RDM)? == "yes",
+            merge: value(&lookup, MERGE)? == "yes",
             progress_thread: threads == "yes",
             progress_spin: Some(Duration::from_micros(number(PROGRESS_SPIN_US)?))
                 .filter(|&d| d < Duration::from_secs(10)),

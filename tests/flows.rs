@@ -359,20 +359,31 @@ fn run_pair<T>(
     shape: impl FnOnce(&Hosts, &[Connection]),
     after: impl FnOnce(&Hosts, &[Connection]) -> T,
 ) -> ([Finished; 2], T) {
-    let hosts = Hosts::new(2);
+    run_pair_on(&Hosts::new(2), p, extra, script, shape, after)
+}
+
+/// [`run_pair`] on `hosts`.
+fn run_pair_on<T>(
+    hosts: &Hosts,
+    p: &str,
+    extra: &[(&str, &str)],
+    script: &str,
+    shape: impl FnOnce(&Hosts, &[Connection]),
+    after: impl FnOnce(&Hosts, &[Connection]) -> T,
+) -> ([Finished; 2], T) {
     let mut env = host_env(p, extra);
     env.push(("NFAB_SCRIPT".into(), script.into()));
     env.push(("NCCL_DEBUG".into(), "INFO".into()));
-    let (mut a, mut b) = pair_on_hosts(&hosts, "child_flows_rank", &env, scaled(CHILD));
+    let (mut a, mut b) = pair_on_hosts(hosts, "child_flows_rank", &env, scaled(CHILD));
     a.read_result("warm");
     b.read_result("warm");
-    let flows = data_connections(&hosts);
-    shape(&hosts, &flows);
+    let flows = data_connections(hosts);
+    shape(hosts, &flows);
     a.send_line("go");
     b.send_line("go");
     a.read_result("done");
     b.read_result("done");
-    let learnt = after(&hosts, &flows);
+    let learnt = after(hosts, &flows);
     a.send_line("close");
     b.send_line("close");
     (
@@ -492,13 +503,67 @@ fn short_messages_in_pieces_take_the_flows_in_turn() {
             sent_since,
         );
         eprintln!("{p}: {COUNT} messages of {STEP} bytes, sent per connection {sent:?}");
-        assert_eq!(sent.len(), 16, "over {p}: connections that carried the warm-up");
+        assert_eq!(
+            sent.len(),
+            16,
+            "over {p}: connections that carried the warm-up"
+        );
         // Each flow carries 12 pieces of 256 KiB; the first the headers too.
         let total: u64 = sent.iter().sum();
         assert!(
             total >= (COUNT * STEP) as u64 && sent.iter().all(|&s| s >= total / 32),
             "over {p}: each connection carries a share: {sent:?}"
         );
+    }
+}
+
+/// Hosts with 2 and 4 NICs, one device over them all (`NCCL_FABRIC_MERGE=yes`): a comm's
+/// flows take the NICs in turn, so every NIC carries its share of the stream (veths all
+/// report one speed), and every message arrives whole.
+#[test]
+fn one_device_over_several_nics_spreads_a_comm_over_them() {
+    if !hosts_or_skip() {
+        return;
+    }
+    let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    const COUNT: usize = 24;
+    for p in striping_providers() {
+        for links in [2, 4] {
+            let hosts = Hosts::with_links(links);
+            let nics: Vec<String> = (0..links).map(|k| format!("eth{k}")).collect();
+            let domains = nics.join(",");
+            let before: Vec<u64> = nics.iter().map(|n| hosts.tx_bytes(0, n)).collect();
+            let ([a, _], sent) = run_pair_on(
+                &hosts,
+                p,
+                &[
+                    ("NCCL_FABRIC_MERGE", "yes"),
+                    ("NCCL_FABRIC_DOMAINS", &domains),
+                ],
+                &format!("stream:{COUNT}"),
+                |_, _| {},
+                |hosts, _| {
+                    nics.iter()
+                        .zip(&before)
+                        .map(|(n, b)| hosts.tx_bytes(0, n) - b)
+                        .collect::<Vec<u64>>()
+                },
+            );
+            eprintln!("{p}, {links} NICs: bytes host 0 sent on each {sent:?}");
+            let merged = format!("one device over {links} NICs");
+            assert!(
+                a.stderr.contains(&merged),
+                "over {p}: the INFO line says {merged}: {}",
+                a.stderr
+            );
+            // Warm-up and stream: 2 + COUNT messages of BIG bytes, 16 pieces each.
+            let total: u64 = sent.iter().sum();
+            assert!(
+                total >= ((COUNT + 2) * BIG) as u64
+                    && sent.iter().all(|&s| s >= total / (2 * links as u64)),
+                "over {p}, {links} NICs: each NIC carries a share: {sent:?}"
+            );
+        }
     }
 }
 

@@ -6,6 +6,7 @@
 #                                                    (in fabtests/ too)
 #   .scratch/gpu-in/perf.tar.xz  this machine's perf with the libraries it loads (glibc's aside),
 #                                for the threads stage on GPU machines without perf (if installed)
+#   .scratch/gpu-in/tc.tar.xz    the same of tc, for the capped stage
 # nccl-tests is not made here: put a copy of NVIDIA/nccl-tests in .scratch/gpu-in/nccl-tests
 # (git-ignored, never committed); the nccltests stage of scripts/gpu/run.sh builds it there.
 # Likewise for the steps stage: ext-profiler/example of NVIDIA/nccl as
@@ -29,17 +30,23 @@ tar -xJf target/libfabric-src/libfabric_2.1.0.orig.tar.xz -C "$tree/libfabric-2.
 tar -cJf "$out/libfabric-2.1.0-autogen.tar.xz" -C "$tree" libfabric-2.1.0
 rm -rf "$tree"
 
-if command -v perf >/dev/null; then
+# bundle TOOL: this machine's TOOL with the libraries it loads (glibc's aside), as
+# $out/TOOL.tar.xz (TOOL/bin, TOOL/lib), for GPU machines that have none.
+bundle() {
+  command -v "$1" >/dev/null || return 0
+  local tree lib
   tree=$(mktemp -d)
-  mkdir -p "$tree/perf/bin" "$tree/perf/lib"
-  cp "$(command -v perf)" "$tree/perf/bin/"
-  for lib in $(ldd "$(command -v perf)" | awk '$3 ~ /^\// {print $3}'); do
+  mkdir -p "$tree/$1/bin" "$tree/$1/lib"
+  cp "$(command -v "$1")" "$tree/$1/bin/"
+  for lib in $(ldd "$(command -v "$1")" | awk '$3 ~ /^\// {print $3}'); do
     case $(basename "$lib") in
       libc.so* | libm.so* | ld-linux* | libpthread* | libdl* | librt*) ;;
-      *) cp -L "$lib" "$tree/perf/lib/" ;;
+      *) cp -L "$lib" "$tree/$1/lib/" ;;
     esac
   done
-  tar -cJf "$out/perf.tar.xz" -C "$tree" perf
+  tar -cJf "$out/$1.tar.xz" -C "$tree" "$1"
   rm -rf "$tree"
-fi
+}
+bundle perf
+bundle tc
 echo "prepared $out (carry it to the GPU machine and run scripts/gpu/run.sh there)"

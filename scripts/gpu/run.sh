@@ -79,6 +79,11 @@
 #                (NCCL_FABRIC_HMEM=off) and Socket for each of $UCXHOSTS_TESTS (all_reduce_perf
 #                sendrecv_perf alltoall_perf), all_reduce also without the GDR setting; NCCL's
 #                GPU Direct RDMA lines, /GDRDMA channels and the plugin's INFO lines
+#   capped       the hosts shape with every flow on the ranks' path capped at $CAP_RATE (default
+#                2gbit), the way clouds cap each TCP flow: tc's fq qdisc with that maxrate on lo
+#                (which carries eth0-to-eth0 traffic here), removed afterwards; $CAPPED_TEST
+#                (all_reduce_perf) -b ${MINBYTES} -e ${MAXBYTES}, Socket as shipped, 4x4, 2x8 and
+#                the plugin ($HOSTS_FABRIC_VARIANTS as in hosts, default none)
 #   targets      what the performance targets compare, two ranks as two hosts, as much as fits in
 #                $TARGETS_BUDGET seconds of the script (default 540; what does not fit is named
 #                in the summary): all_reduce_perf -b 8 -e 1G (Socket as shipped, 4x4, 2x8, the
@@ -926,17 +931,21 @@ stage_threads() {
   fi
 }
 
-# perf_setup: perf from $PERF_TARBALL (a perf binary in bin/ and the libraries it needs in lib/,
-# built on the Debian build machine by scripts/gpu/prepare.sh) where this machine has none.
-perf_setup() {
-  command -v perf >/dev/null && return 0
-  [ -f "$PERF_TARBALL" ] || return 0
-  local d=$work/perf
-  [ -x "$d/bin/perf" ] || { mkdir -p "$d" && tar -C "$d" --strip-components=1 -xJf "$PERF_TARBALL"; }
-  printf '#!/bin/sh\nLD_LIBRARY_PATH=%s/lib exec %s/bin/perf "$@"\n' "$d" "$d" >"$d/perf"
-  chmod +x "$d/perf"
+# tool_setup TOOL TARBALL: TOOL from TARBALL (the binary in bin/ and the libraries it needs in
+# lib/, made on the Debian build machine by scripts/gpu/prepare.sh) where this machine has none.
+tool_setup() {
+  command -v "$1" >/dev/null && return 0
+  [ -f "$2" ] || return 0
+  local d=$work/$1
+  [ -x "$d/bin/$1" ] || { mkdir -p "$d" && tar -C "$d" --strip-components=1 -xJf "$2"; }
+  printf '#!/bin/sh\nLD_LIBRARY_PATH=%s/lib exec %s/bin/%s "$@"\n' "$d" "$d" "$1" >"$d/$1"
+  chmod +x "$d/$1"
   export PATH=$d:$PATH
-  perf --version >&2 || log "perf from $PERF_TARBALL does not run here"
+  "$1" -V >/dev/null 2>&1 || "$1" --version >/dev/null 2>&1 || log "$1 from $2 does not run here"
+}
+
+perf_setup() {
+  tool_setup perf "$PERF_TARBALL"
 }
 
 # steps: where the time of NCCL's network steps goes, by NCCL's example profiler plugin (built
@@ -991,6 +1000,20 @@ stage_steps() {
     python3 scripts/gpu/steps.py --header
     printf '%s\n' "${rows[@]}"
   } >>"$summary"
+}
+
+stage_capped() {
+  local rate=${CAP_RATE:-2gbit}
+  tool_setup tc "$in/tc.tar.xz"
+  if ! tc qdisc replace dev lo root fq maxrate "$rate" 2>"$OUT/logs/capped-tc.log"; then
+    echo "- capped: skipped (tc qdisc on lo refused: $(head -c 200 "$OUT/logs/capped-tc.log"))" >>"$summary"
+    return 1
+  fi
+  tc -s qdisc show dev lo | head -3 >>"$OUT/logs/capped-tc.log"
+  HOSTS_TEST=${CAPPED_TEST:-all_reduce_perf} HOSTS_TAG=capped HOSTS_ENV="${HOSTS_ENV:-}" \
+    HOSTS_FABRIC_VARIANTS=${HOSTS_FABRIC_VARIANTS:-none} stage_hosts
+  echo "- capped: every flow on lo at most $rate (tc qdisc fq maxrate $rate)" >>"$summary"
+  tc qdisc del dev lo root 2>>"$OUT/logs/capped-tc.log"
 }
 
 stage_targets() {

@@ -202,6 +202,63 @@ impl Hosts {
         hosts
     }
 
+    /// Two hosts joined by `links` veth pairs, `eth0`, `eth1`, …: hosts with that many NICs,
+    /// each link a subnet of its own (no route between them), as rails are.
+    pub fn with_links(links: usize) -> Self {
+        let hosts = Self::build(2, false);
+        let net0 = hosts.hosts[0].addr.octets()[2];
+        let pids = [hosts.hosts[0].pid, hosts.hosts[1].pid];
+        for k in 1..links {
+            let name = format!("eth{k}");
+            let net = ((net0 as usize + k - 1) % 250 + 1) as u8;
+            let peer = pids[1].to_string();
+            in_netns(
+                pids[0],
+                &[
+                    "ip", "link", "add", &name, "type", "veth", "peer", "name", &name, "netns",
+                    &peer,
+                ],
+            );
+            for (i, &pid) in pids.iter().enumerate() {
+                let v4 = format!("{}/24", Ipv4Addr::new(198, 18, net, i as u8 + 1));
+                in_netns(pid, &["ip", "addr", "add", &v4, "dev", &name]);
+                in_netns(pid, &["ip", "link", "set", &name, "up"]);
+            }
+            let deadline = Instant::now() + Duration::from_secs(10);
+            for i in 0..2 {
+                while hosts.read_net_file(i, &format!("{name}/operstate")) != "up" {
+                    assert!(Instant::now() < deadline, "host {i}'s {name} is not up");
+                    std::thread::sleep(Duration::from_millis(20));
+                }
+            }
+        }
+        hosts
+    }
+
+    /// Bytes host `i` sent on its interface `iface` (its kernel's count).
+    pub fn tx_bytes(&self, i: usize, iface: &str) -> u64 {
+        self.read_net_file(i, &format!("{iface}/statistics/tx_bytes"))
+            .parse()
+            .unwrap_or(0)
+    }
+
+    /// A file of `/sys/class/net/` as host `i` sees it, trimmed.
+    fn read_net_file(&self, i: usize, path: &str) -> String {
+        let out = run_command(
+            Command::new("nsenter")
+                .args([
+                    "--target",
+                    &self.hosts[i].pid.to_string(),
+                    "--net",
+                    "--mount",
+                    "--",
+                ])
+                .args(["cat", &format!("/sys/class/net/{path}")]),
+            Duration::from_secs(10),
+        );
+        String::from_utf8_lossy(&out.stdout).trim().to_string()
+    }
+
     /// Waits until every host's link is up (a veth reports its carrier a moment later).
     fn wait_reachable(&self) {
         let deadline = Instant::now() + Duration::from_secs(10);
@@ -223,19 +280,7 @@ impl Hosts {
 
     /// `eth0`'s operational state on host `i`, as that host's kernel reports it.
     pub fn operstate(&self, i: usize) -> String {
-        let out = run_command(
-            Command::new("nsenter")
-                .args([
-                    "--target",
-                    &self.hosts[i].pid.to_string(),
-                    "--net",
-                    "--mount",
-                    "--",
-                ])
-                .args(["cat", &format!("/sys/class/net/{IFACE}/operstate")]),
-            Duration::from_secs(10),
-        );
-        String::from_utf8_lossy(&out.stdout).trim().to_string()
+        self.read_net_file(i, &format!("{IFACE}/operstate"))
     }
 
     /// The wrapper that runs a child inside host `i`.
