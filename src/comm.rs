@@ -741,13 +741,14 @@ impl Comm {
                 );
             }
         }
-        self.check_stragglers(r)?;
-        self.check_peer(waited)
+        // A dead peer first: its pieces stop too, and the peer's death is what to report.
+        self.check_peer(waited)?;
+        self.check_stragglers(r)
     }
 
     /// For a request in pieces: a piece that has not finished long after its siblings did
     /// is on a flow whose connection carries nothing (a path that drops it) while the
-    /// others move, which the peer's liveness cannot show. "Long" is the peer timeout, or
+    /// others move, which the peer's liveness cannot show. "Long" is 1.5 peer timeouts, or
     /// twice the time the first sibling took, whichever is longer (pieces sharing a slow
     /// flow with other comms' finish later than their siblings, but not that much later).
     fn check_stragglers(&self, r: &Request) -> Result<()> {
@@ -762,7 +763,10 @@ impl Comm {
         let now = now_ms();
         let since = first_seen(&r.straggling_since, now);
         let took = since.saturating_sub(r.posted_at_ms.load(Ordering::Relaxed));
-        let limit = (self.peer.liveness.timeout().as_millis() as u64).max(2 * took);
+        // Half a peer timeout past the peer timeout: a peer that died is reported as such
+        // first (its liveness fails at the timeout).
+        let timeout = self.peer.liveness.timeout().as_millis() as u64;
+        let limit = (timeout + timeout / 2).max(2 * took);
         let lag = now.saturating_sub(since);
         if lag < limit {
             return Ok(());

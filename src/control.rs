@@ -81,6 +81,9 @@ pub struct Peer {
     /// When the oldest unanswered probe went out (ms, 0: none).
     probing_since: AtomicU64,
     last_probe: AtomicU64,
+    /// The unanswered probe (its `probing_since`) for which the peer's address was checked
+    /// for a refusal (0: none).
+    refusal_checked: AtomicU64,
     dead: OnceLock<String>,
     control: Weak<Control>,
     liveness: Liveness,
@@ -95,6 +98,7 @@ impl Peer {
             local: true,
             probing_since: AtomicU64::new(0),
             last_probe: AtomicU64::new(0),
+            refusal_checked: AtomicU64::new(0),
             dead: OnceLock::new(),
             control: Weak::new(),
             liveness: Liveness {
@@ -143,6 +147,24 @@ impl Peer {
                     self.liveness.timeout.as_millis()
                 ));
                 return Err(self.dead().unwrap_or_default().to_string());
+            }
+            // A probe unanswered for a quarter timeout: once, whether the peer's host refuses
+            // connections to its control endpoint (over TCP, a process that exited leaves its
+            // kernel refusing them), which tells at once what the timeout would tell later.
+            if silent >= every.as_millis() as u64
+                && self.refusal_checked.swap(since, Ordering::AcqRel) != since
+            {
+                let refusal = self
+                    .control
+                    .upgrade()
+                    .and_then(|c| crate::quirks::refused(&c.provider, &self.address));
+                if let Some(refusal) = refusal {
+                    self.lost(format!(
+                        "the peer did not answer a liveness probe for {silent} ms and its \
+                         address refuses connections ({refusal}): its process exited"
+                    ));
+                    return Err(self.dead().unwrap_or_default().to_string());
+                }
             }
         }
         // At most one probe per quarter timeout, answered or not: a peer that answers at once
@@ -436,6 +458,7 @@ impl Control {
             local: false,
             probing_since: AtomicU64::new(0),
             last_probe: AtomicU64::new(0),
+            refusal_checked: AtomicU64::new(0),
             dead: OnceLock::new(),
             control: Arc::downgrade(self),
             liveness: self.liveness,
