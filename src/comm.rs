@@ -766,7 +766,7 @@ impl Comm {
         // Half a peer timeout past the peer timeout: a peer that died is reported as such
         // first (its liveness fails at the timeout).
         let timeout = self.peer.liveness.timeout().as_millis() as u64;
-        let limit = (timeout + timeout / 2).max(2 * took);
+        let limit = timeout.saturating_add(timeout / 2).max(2 * took);
         let lag = now.saturating_sub(since);
         if lag < limit {
             return Ok(());
