@@ -79,11 +79,12 @@
 #                (NCCL_FABRIC_HMEM=off) and Socket for each of $UCXHOSTS_TESTS (all_reduce_perf
 #                sendrecv_perf alltoall_perf), all_reduce also without the GDR setting; NCCL's
 #                GPU Direct RDMA lines, /GDRDMA channels and the plugin's INFO lines
-#   capped       the hosts shape with every flow on the ranks' path capped at $CAP_RATE (default
-#                2gbit), the way clouds cap each TCP flow: tc's fq qdisc with that maxrate on lo
-#                (which carries eth0-to-eth0 traffic here), removed afterwards; $CAPPED_TEST
-#                (all_reduce_perf) -b ${MINBYTES} -e ${MAXBYTES}, Socket as shipped, 4x4, 2x8 and
-#                the plugin ($HOSTS_FABRIC_VARIANTS as in hosts, default none)
+#   capped       the hosts shape with every TCP connection on the ranks' path capped at $CAP_RATE
+#                (default 2gbit), the way clouds cap each flow: an HTB class per connection on lo
+#                (which carries eth0-to-eth0 traffic here), made as connections appear
+#                (scripts/gpu/capflows.py; the kernel there has no fq), removed afterwards;
+#                $CAPPED_TEST (all_reduce_perf), Socket as shipped, 4x4, 2x8 and the plugin
+#                ($HOSTS_FABRIC_VARIANTS as in hosts, default none)
 #   targets      what the performance targets compare, two ranks as two hosts, as much as fits in
 #                $TARGETS_BUDGET seconds of the script (default 540; what does not fit is named
 #                in the summary): all_reduce_perf -b 8 -e 1G (Socket as shipped, 4x4, 2x8, the
@@ -1003,16 +1004,20 @@ stage_steps() {
 }
 
 stage_capped() {
-  local rate=${CAP_RATE:-2gbit}
+  local rate=${CAP_RATE:-2gbit} watcher
   tool_setup tc "$in/tc.tar.xz"
-  if ! tc qdisc replace dev lo root fq maxrate "$rate" 2>"$OUT/logs/capped-tc.log"; then
-    echo "- capped: skipped (tc qdisc on lo refused: $(head -c 200 "$OUT/logs/capped-tc.log"))" >>"$summary"
+  tc qdisc del dev lo root 2>/dev/null
+  if ! { tc qdisc add dev lo root handle 1: htb default 1 \
+    && tc class add dev lo parent 1: classid 1:1 htb rate 400gbit quantum 65536; } 2>"$OUT/logs/capped-tc.log"; then
+    echo "- capped: skipped (an HTB qdisc on lo refused: $(head -c 200 "$OUT/logs/capped-tc.log"))" >>"$summary"
     return 1
   fi
-  tc -s qdisc show dev lo | head -3 >>"$OUT/logs/capped-tc.log"
+  python3 scripts/gpu/capflows.py lo "$rate" 3600 >>"$OUT/logs/capped-tc.log" 2>&1 &
+  watcher=$!
   HOSTS_TEST=${CAPPED_TEST:-all_reduce_perf} HOSTS_TAG=capped HOSTS_ENV="${HOSTS_ENV:-}" \
     HOSTS_FABRIC_VARIANTS=${HOSTS_FABRIC_VARIANTS:-none} stage_hosts
-  echo "- capped: every flow on lo at most $rate (tc qdisc fq maxrate $rate)" >>"$summary"
+  kill $watcher 2>/dev/null
+  echo "- capped: every TCP connection on lo at most $rate (an HTB class each, made within 100 ms of its start by scripts/gpu/capflows.py); $(tc class show dev lo | grep -c 'class htb') classes" >>"$summary"
   tc qdisc del dev lo root 2>>"$OUT/logs/capped-tc.log"
 }
 
