@@ -352,6 +352,8 @@ pub struct LaneConfig {
     pub threads: usize,
     /// Lanes per role: each comm's flows are that many of them at most.
     pub lanes: usize,
+    /// Flows per comm (see [`first_lane`]).
+    pub flows: usize,
     pub per_comm: bool,
     /// The device's name, for log lines.
     pub label: String,
@@ -517,8 +519,8 @@ impl LanePool {
         let index = {
             let mut slots = self.slots.lock();
             let (lanes, next) = &mut slots[role as usize];
-            // Over several rails a comm starts on the first rail (see `LaneConfig::rails`).
-            let index = next.wrapping_mul(self.config.rails.len().max(1)) % lanes.len();
+            let c = &self.config;
+            let index = first_lane(*next, lanes.len(), c.flows, c.rails.len());
             *next = next.wrapping_add(1);
             index
         };
@@ -752,5 +754,54 @@ impl LanePool {
         members.retain(|l| l.strong_count() > 0);
         members.push(Arc::downgrade(&lane));
         Ok(lane)
+    }
+}
+/// The lane the `n`-th comm of a role starts on, of `lanes`, for comms of `flows` flows (the
+/// lanes from the first on) on a device of `rails` NICs. Over several rails, a lane of the
+/// first rail (see `LaneConfig::rails`). Where the lanes hold several whole sets of flows,
+/// consecutive comms start a set apart (0, 16, 1, 17, … for 32 lanes and 16 flows): their
+/// flows are then distinct connections, which a network that caps each one lets add up.
+/// Otherwise in turn.
+pub fn first_lane(n: usize, lanes: usize, flows: usize, rails: usize) -> usize {
+    let lanes = lanes.max(1);
+    if rails > 1 {
+        return n.wrapping_mul(rails) % lanes;
+    }
+    let sets = lanes / flows.max(1);
+    match (sets, flows) {
+        (0 | 1, _) | (_, 0 | 1) => n % lanes,
+        _ => ((n % sets) * flows + n / sets) % lanes,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::first_lane;
+
+    #[test]
+    fn comms_start_a_set_of_flows_apart_where_the_lanes_hold_several_sets() {
+        let starts = |lanes, flows, rails| -> Vec<usize> {
+            (0..6).map(|n| first_lane(n, lanes, flows, rails)).collect()
+        };
+        assert_eq!(
+            starts(16, 16, 1),
+            vec![0, 1, 2, 3, 4, 5],
+            "one set: in turn"
+        );
+        assert_eq!(
+            starts(4, 1, 1),
+            vec![0, 1, 2, 3, 0, 1],
+            "whole messages: in turn"
+        );
+        assert_eq!(starts(32, 16, 1), vec![0, 16, 1, 17, 2, 18]);
+        assert_eq!(starts(48, 16, 1), vec![0, 16, 32, 1, 17, 33]);
+        assert_eq!(starts(16, 16, 4), vec![0, 4, 8, 12, 0, 4], "the first rail");
+        // Two comms that start one after the other share no lane.
+        let lanes_of = |first: usize| (first..first + 16).map(|k| k % 32).collect::<Vec<_>>();
+        let (a, b) = (
+            lanes_of(first_lane(0, 32, 16, 1)),
+            lanes_of(first_lane(1, 32, 16, 1)),
+        );
+        assert!(a.iter().all(|k| !b.contains(k)));
     }
 }

@@ -380,6 +380,7 @@ fn open_devices(
                 false => 0,
             },
             lanes,
+            flows,
             per_comm,
             label: c.domain.clone(),
             adopt: Box::new(move |d| crate::control::adopt(d, Instant::now() + close_after)),

@@ -109,7 +109,9 @@ pub const TABLE: &[Setting] = &[
         default: "0",
         meaning: "with endpoints shared per device: how many receiving and how many sending \
                   endpoints (each on a libfabric domain of its own) each device has; comms \
-                  start on them in turn, and a comm's flows are the lanes from its first on. \
+                  start on them in turn (a set of flows apart where they hold several sets, so \
+                  that each comm's flows are connections of its own), and a comm's flows are \
+                  the lanes from its first on. \
                   0 = the device's flows, or where messages go whole, by the CPUs of this \
                   rank and the devices in use: (CPUs - 2) / (3 x devices), from 1 to 4",
     },
