@@ -404,6 +404,17 @@ fn data_connections(hosts: &Hosts) -> Vec<Connection> {
     c
 }
 
+/// That `sent` (bytes per connection or NIC) adds up to at least `least` and each carried at
+/// least half its even share.
+fn carry_shares(sent: &[u64], least: u64, what: &str) {
+    let total: u64 = sent.iter().sum();
+    let share = total / sent.len().max(1) as u64;
+    assert!(
+        total >= least && sent.iter().all(|&s| s >= share / 2),
+        "{what}: each carries a share: {sent:?}"
+    );
+}
+
 /// What host 0 sent on each of `flows` since they were listed.
 fn sent_since(hosts: &Hosts, flows: &[Connection]) -> Vec<u64> {
     let now = hosts.connections(0);
@@ -459,10 +470,10 @@ fn a_comm_moves_more_with_more_flows_on_capped_links() {
                 "over {p}, flows {flows}: connections that carried the warm-up"
             );
             // Every flow carried its share of the stream.
-            let total: u64 = sent.iter().sum();
-            assert!(
-                total >= (count * BIG) as u64 && sent.iter().all(|&s| s >= total / (2 * k as u64)),
-                "over {p}, flows {flows}: each connection carries a share: {sent:?}"
+            carry_shares(
+                &sent,
+                (count * BIG) as u64,
+                &format!("over {p}, flows {flows}"),
             );
             rates.push(rate);
         }
@@ -509,11 +520,7 @@ fn short_messages_in_pieces_take_the_flows_in_turn() {
             "over {p}: connections that carried the warm-up"
         );
         // Each flow carries 12 pieces of 256 KiB; the first the headers too.
-        let total: u64 = sent.iter().sum();
-        assert!(
-            total >= (COUNT * STEP) as u64 && sent.iter().all(|&s| s >= total / 32),
-            "over {p}: each connection carries a share: {sent:?}"
-        );
+        carry_shares(&sent, (COUNT * STEP) as u64, &format!("over {p}"));
     }
 }
 
@@ -557,11 +564,10 @@ fn one_device_over_several_nics_spreads_a_comm_over_them() {
                 a.stderr
             );
             // Warm-up and stream: 2 + COUNT messages of BIG bytes, 16 pieces each.
-            let total: u64 = sent.iter().sum();
-            assert!(
-                total >= ((COUNT + 2) * BIG) as u64
-                    && sent.iter().all(|&s| s >= total / (2 * links as u64)),
-                "over {p}, {links} NICs: each NIC carries a share: {sent:?}"
+            carry_shares(
+                &sent,
+                ((COUNT + 2) * BIG) as u64,
+                &format!("over {p}, {links} NICs"),
             );
         }
     }
