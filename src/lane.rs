@@ -756,6 +756,7 @@ impl LanePool {
         Ok(lane)
     }
 }
+
 /// The lane the `n`-th comm of a role starts on, of `lanes`, for comms of `flows` flows (the
 /// lanes from the first on) on a device of `rails` NICs. Over several rails, a lane of the
 /// first rail (see `LaneConfig::rails`). Where the lanes hold several whole sets of flows,

@@ -349,21 +349,10 @@ fn both_ok(a: ChildTest, b: ChildTest, what: &str) -> [Finished; 2] {
     done
 }
 
-/// Two hosts running `script` with `extra` settings: after the warm-up, `shape` may cap or
-/// cut host 0's connections that carried it (the first flow's first); then the script runs,
-/// and `after` learns from the hosts what it needs before the ranks close their comms.
+/// Two hosts (`hosts`) running `script` with `extra` settings: after the warm-up, `shape` may
+/// cap or cut host 0's connections that carried it (the first flow's first); then the script
+/// runs, and `after` learns from the hosts what it needs before the ranks close their comms.
 fn run_pair<T>(
-    p: &str,
-    extra: &[(&str, &str)],
-    script: &str,
-    shape: impl FnOnce(&Hosts, &[Connection]),
-    after: impl FnOnce(&Hosts, &[Connection]) -> T,
-) -> ([Finished; 2], T) {
-    run_pair_on(&Hosts::new(2), p, extra, script, shape, after)
-}
-
-/// [`run_pair`] on `hosts`.
-fn run_pair_on<T>(
     hosts: &Hosts,
     p: &str,
     extra: &[(&str, &str)],
@@ -439,6 +428,7 @@ fn a_comm_moves_more_with_more_flows_on_capped_links() {
         // (flows setting, messages): two to three seconds each at the cap.
         for (flows, count) in [("1", 4), ("4", 12), ("0", 40)] {
             let ([_, b], sent) = run_pair(
+                &Hosts::new(2),
                 p,
                 &[("NCCL_FABRIC_FLOWS", flows)],
                 &format!("stream:{count}"),
@@ -507,6 +497,7 @@ fn short_messages_in_pieces_take_the_flows_in_turn() {
     const COUNT: usize = 96;
     for p in striping_providers() {
         let (_, sent) = run_pair(
+            &Hosts::new(2),
             p,
             &[],
             &format!("stream:{COUNT}:{STEP}"),
@@ -540,7 +531,7 @@ fn one_device_over_several_nics_spreads_a_comm_over_them() {
             let nics: Vec<String> = (0..links).map(|k| format!("eth{k}")).collect();
             let domains = nics.join(",");
             let before: Vec<u64> = nics.iter().map(|n| hosts.tx_bytes(0, n)).collect();
-            let ([a, _], sent) = run_pair_on(
+            let ([a, _], sent) = run_pair(
                 &hosts,
                 p,
                 &[
@@ -588,6 +579,7 @@ fn pieces_that_finish_out_of_order_make_whole_messages() {
             ("NCCL_FABRIC_PIECE_BYTES", "65536"),
         ];
         let ([_, b], ()) = run_pair(
+            &Hosts::new(2),
             p,
             &settings,
             "shapes",
@@ -624,6 +616,7 @@ fn a_cut_flow_fails_the_comm_at_both_ends() {
     for p in striping_providers() {
         let settings = [("NCCL_FABRIC_FLOWS", "4")];
         let (done, ()) = run_pair(
+            &Hosts::new(2),
             p,
             &settings,
             "cut",
