@@ -1294,11 +1294,20 @@ mod tests {
                 size: 512 * k
             })
         );
-        for len in [4097, 65_537, 1 << 20, (1 << 30) + 3, 3 << 40] {
-            for most in [2, 4, 7, 16] {
+        // Past what 32 of the largest pieces hold: whole.
+        assert_eq!(cut(3 << 40, 256 * k, 32), None);
+        assert_eq!(
+            cut(4 << 30, 256 * k, 32),
+            Some(Layout {
+                count: 32,
+                size: MAX_PIECE
+            })
+        );
+        for len in [4097, 65_537, 1 << 20, (1 << 30) + 3, 3 << 32] {
+            for most in [2, 4, 7, 16, 32] {
                 for piece in [4096, 65_536, 1 << 20] {
                     let Some(l) = cut(len, piece, most) else {
-                        assert!(len <= piece, "{len} {piece} {most}");
+                        assert!(len <= piece || len > MAX_PIECE * most, "{len} {piece} {most}");
                         continue;
                     };
                     assert!(l.size.is_power_of_two() && l.size >= piece);

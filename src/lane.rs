@@ -443,9 +443,12 @@ impl LanePool {
     /// How many flows a comm gets at most: lanes after its own, in the pool's order (a lane
     /// per comm gets no more).
     pub fn most_flows(&self) -> usize {
-        match self.config.per_comm {
-            true => 1,
-            false => self.config.lanes.max(1),
+        let lanes = self.config.lanes.max(1);
+        match (self.config.per_comm, self.config.rails.len() > 1) {
+            (true, _) => 1,
+            // Flow j must travel on rail j mod rails at both ends: a lane each.
+            (false, true) => lanes,
+            (false, false) => (lanes * lanes).min(crate::comm::MAX_FLOWS),
         }
     }
 
@@ -473,16 +476,17 @@ impl LanePool {
     }
 
     /// Up to `n` lanes for a new comm, one per flow: the one whose turn it is, then those
-    /// after it in the pool. Only the first must open; the comm goes without the others
-    /// when they fail.
+    /// after it in the pool (see [`flow_lane`] where the flows outnumber the lanes). Only the
+    /// first must open; the comm goes without the others when they fail.
     pub fn acquire_flows(self: &Arc<Self>, role: Role, n: usize) -> Result<Vec<Arc<Lane>>> {
         let first = self.acquire(role)?;
         let (Some(slot), n) = (first.slot, n.min(self.most_flows())) else {
             return Ok(vec![first]);
         };
+        let lanes_per_role = self.config.lanes.max(1);
         let mut lanes = vec![first];
         for k in 1..n {
-            let index = (slot + k) % self.config.lanes.max(1);
+            let index = (slot + flow_lane(role, k, n, lanes_per_role)) % lanes_per_role;
             match self.acquire_slot(role, index) {
                 Ok(lane) => lanes.push(lane),
                 Err(e) => {
@@ -757,6 +761,20 @@ impl LanePool {
     }
 }
 
+/// Which lane, counted from a comm's first, flow `k` of its `flows` takes of `lanes`. Up to
+/// one flow per lane, the lanes in turn. Where the flows outnumber the lanes, a sending
+/// comm goes round its lanes once per `lanes` flows, while a receiving one gives each lane
+/// `flows / lanes` (rounded up) consecutive flows: flow k then pairs sending lane k mod L
+/// with receiving lane k div m, a different pair of endpoints, so a connection of its own,
+/// for every flow (up to L x L flows on L lanes a side, when both ends have the same lanes).
+pub fn flow_lane(role: Role, k: usize, flows: usize, lanes: usize) -> usize {
+    let lanes = lanes.max(1);
+    match role {
+        Role::Sending => k % lanes,
+        Role::Receiving => (k / flows.div_ceil(lanes).max(1)) % lanes,
+    }
+}
+
 /// The lane the `n`-th comm of a role starts on, of `lanes`, for comms of `flows` flows (the
 /// lanes from the first on) on a device of `rails` NICs. Over several rails, a lane of the
 /// first rail (see `LaneConfig::rails`). Where the lanes hold several whole sets of flows,
@@ -777,7 +795,32 @@ pub fn first_lane(n: usize, lanes: usize, flows: usize, rails: usize) -> usize {
 
 #[cfg(test)]
 mod tests {
-    use super::first_lane;
+    use super::{first_lane, flow_lane, Role};
+
+    #[test]
+    fn flows_beyond_the_lanes_pair_lanes_no_other_flow_pairs() {
+        for lanes in 1..=8 {
+            for flows in 1..=(lanes * lanes).min(32) {
+                let pairs: std::collections::HashSet<(usize, usize)> = (0..flows)
+                    .map(|k| {
+                        let send = flow_lane(Role::Sending, k, flows, lanes);
+                        let recv = flow_lane(Role::Receiving, k, flows, lanes);
+                        assert!(send < lanes && recv < lanes);
+                        (send, recv)
+                    })
+                    .collect();
+                assert_eq!(pairs.len(), flows, "{flows} flows on {lanes} lanes");
+            }
+        }
+        let on = |role, flows, lanes| -> Vec<usize> {
+            (0..flows).map(|k| flow_lane(role, k, flows, lanes)).collect()
+        };
+        // Up to a flow per lane, both ends take the lanes in turn, as before.
+        assert_eq!(on(Role::Receiving, 4, 16), vec![0, 1, 2, 3]);
+        assert_eq!(on(Role::Sending, 4, 16), vec![0, 1, 2, 3]);
+        assert_eq!(on(Role::Sending, 6, 4), vec![0, 1, 2, 3, 0, 1]);
+        assert_eq!(on(Role::Receiving, 6, 4), vec![0, 0, 1, 1, 2, 2]);
+    }
 
     #[test]
     fn comms_start_a_set_of_flows_apart_where_the_lanes_hold_several_sets() {

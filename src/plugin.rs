@@ -306,7 +306,13 @@ fn open_devices(
         };
         // Over several NICs, lanes come in whole rounds of the rails.
         let lanes = lanes.div_ceil(rails.len().max(1)) * rails.len().max(1);
-        let flows = flows.min(lanes).min(crate::comm::MAX_FLOWS);
+        // Flows beyond the lanes pair every sending lane with every receiving one
+        // (`lane::flow_lane`); over several NICs each flow keeps a lane of its rail.
+        let most = match rails.len() > 1 {
+            true => lanes,
+            false => lanes * lanes,
+        };
+        let flows = flows.min(most).min(crate::comm::MAX_FLOWS);
         let by_calls = !threaded && settings.pieces_auto && flows == 1;
         let piece = match split && !by_calls {
             true => settings.piece_bytes,

@@ -93,12 +93,14 @@ pub const TABLE: &[Setting] = &[
     },
     Setting {
         name: FLOWS,
-        kind: Kind::Number { min: 0, max: 16 },
+        kind: Kind::Number { min: 0, max: 32 },
         default: "0",
         meaning: "connections each comm stripes its long messages over (each a lane of its \
                   device, see NCCL_FABRIC_LANES): a message longer than NCCL_FABRIC_PIECE_BYTES \
                   goes as up to one piece per flow, all at once, so a network that caps every \
-                  TCP flow (clouds do) carries that many flows' worth. Flows cost no threads. \
+                  TCP flow (clouds do) carries that many flows' worth. Flows cost no threads; \
+                  where they outnumber the lanes, each pairs a sending lane with a receiving \
+                  one of its own (L lanes a side carry up to L x L flows). \
                   0 = the device's speed over 500 Mbps per flow, from 1 to 16 (16 for 8 Gbps \
                   and up); 1 over shared memory, with an endpoint per comm, where messages go \
                   whole, and for a rank bound to one CPU",

@@ -14,8 +14,8 @@
 //! cover twice the 256 sends (32 requests × 8 buffers) a comm may have outstanding per tag.
 //!
 //! A message sent in pieces (see `comm`) starts with a header: an empty message with the
-//! `later` bit clear whose layout field gives the piece size (4 KiB × 2^e, 5 bits) and the
-//! count less one (4 bits); a whole message has layout 0. Each piece has the `later` bit set
+//! `later` bit clear whose layout field gives the piece size (4 KiB × 2^e, 4 bits) and the
+//! count less one (5 bits); a whole message has layout 0. Each piece has the `later` bit set
 //! and its index in the layout field, and the sequence number of its header. A receive's
 //! first operation ignores the layout bits, so it takes a whole message or a header alike.
 //! A provider with fewer than 64 bits gives up bits of NCCL's tag first (tags that then fold
@@ -29,9 +29,9 @@ const COUNT_BITS: u32 = 9;
 const LATER: u64 = 1 << COUNT_BITS;
 const LAYOUT_SHIFT: u32 = COUNT_BITS + 1;
 /// A header's count field (pieces less one), or a piece's index.
-const COUNT_FIELD: u32 = 4;
+const COUNT_FIELD: u32 = 5;
 /// A header's piece size field: 4 KiB shifted by this many bits.
-const SIZE_FIELD: u32 = 5;
+const SIZE_FIELD: u32 = 4;
 const LAYOUT_MASK: u64 = ((1 << (COUNT_FIELD + SIZE_FIELD)) - 1) << LAYOUT_SHIFT;
 /// Most pieces one message may be sent in.
 pub const MAX_PIECES: usize = 1 << COUNT_FIELD;

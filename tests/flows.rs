@@ -484,6 +484,58 @@ fn a_comm_moves_more_with_more_flows_on_capped_links() {
     }
 }
 
+/// More flows than lanes: flow k pairs sending lane k mod L with receiving lane k div
+/// (flows / L), so 16 flows on 4 lanes a side, and 32 on 8, are as many connections, each
+/// carrying its share under its own cap.
+#[test]
+fn flows_beyond_the_lanes_are_connections_of_their_own() {
+    if !hosts_or_skip() {
+        return;
+    }
+    let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    for p in striping_providers() {
+        for (flows, lanes, count) in [(16, "4", 40), (32, "8", 64)] {
+            let k = flows.to_string();
+            let ([_, b], sent) = run_pair(
+                &Hosts::new(2),
+                p,
+                &[("NCCL_FABRIC_FLOWS", &k), ("NCCL_FABRIC_LANES", lanes)],
+                &format!("stream:{count}"),
+                |hosts, flows| hosts.cap_flows(0, flows, &[CAP_MBIT]),
+                sent_since,
+            );
+            let rate: f64 = b.result("mb_per_s").unwrap().parse().unwrap();
+            eprintln!(
+                "{p}, {flows} flows on {lanes} lanes: {rate:.1} MB/s, every connection capped \
+                 at {CAP_MBIT} Mbit/s; sent per connection {sent:?}"
+            );
+            assert!(
+                b.stderr.contains(&format!("{flows} flow(s) per comm (as set)")),
+                "over {p}: the sizing line says {flows} flows: {}",
+                b.stderr
+            );
+            assert_eq!(
+                sent.len(),
+                flows,
+                "over {p}, {flows} flows on {lanes} lanes: connections that carried the warm-up"
+            );
+            carry_shares(
+                &sent,
+                (count * BIG) as u64,
+                &format!("over {p}, {flows} flows on {lanes} lanes"),
+            );
+            // Far past what the lanes alone would carry under the cap (a connection per lane).
+            let cap = f64::from(CAP_MBIT) / 8.0;
+            let lanes: f64 = lanes.parse().unwrap();
+            assert!(
+                rate >= 1.5 * lanes * cap,
+                "over {p}: {flows} flows on {lanes} lanes moved {rate} MB/s, at {cap} MB/s \
+                 per connection"
+            );
+        }
+    }
+}
+
 /// Messages of NCCL's step size (512 KiB, in two pieces) on a comm of 16 flows: each
 /// message's pieces take the flows after the previous one's, so the stream spreads over every
 /// flow rather than the first two.
