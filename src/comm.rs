@@ -1307,7 +1307,10 @@ mod tests {
             for most in [2, 4, 7, 16, 32] {
                 for piece in [4096, 65_536, 1 << 20] {
                     let Some(l) = cut(len, piece, most) else {
-                        assert!(len <= piece || len > MAX_PIECE * most, "{len} {piece} {most}");
+                        assert!(
+                            len <= piece || len > MAX_PIECE * most,
+                            "{len} {piece} {most}"
+                        );
                         continue;
                     };
                     assert!(l.size.is_power_of_two() && l.size >= piece);

@@ -813,7 +813,9 @@ mod tests {
             }
         }
         let on = |role, flows, lanes| -> Vec<usize> {
-            (0..flows).map(|k| flow_lane(role, k, flows, lanes)).collect()
+            (0..flows)
+                .map(|k| flow_lane(role, k, flows, lanes))
+                .collect()
         };
         // Up to a flow per lane, both ends take the lanes in turn, as before.
         assert_eq!(on(Role::Receiving, 4, 16), vec![0, 1, 2, 3]);

@@ -96,11 +96,13 @@ fn child_flows_rank() {
     let script = script();
     match (script.split_once(':'), me) {
         (Some(("stream", how)), _) => {
-            // "count" or "count:bytes" (BIG when not given).
-            let (n, size) = how.split_once(':').unwrap_or((how, ""));
-            let size = size.parse().unwrap_or(BIG);
+            // "count", "count:bytes" or "count:bytes:ahead" (BIG, AHEAD when not given).
+            let mut f = how.split(':');
+            let n = f.next().unwrap().parse().unwrap();
+            let size = f.next().and_then(|v| v.parse().ok()).unwrap_or(BIG);
+            let ahead = f.next().and_then(|v| v.parse().ok()).unwrap_or(AHEAD);
             let comm = if me == 0 { send } else { recv };
-            stream(&lib, comm, n.parse().unwrap(), size, me == 0)
+            stream(&lib, comm, n, size, ahead, me == 0)
         }
         (None, _) if script == "shapes" => shapes(&lib, send, recv, me == 0),
         (None, _) if script == "cut" => until_cut(&lib, send, recv, me == 0),
@@ -115,27 +117,27 @@ fn child_flows_rank() {
     println!("RESULT ok=1");
 }
 
-/// How many messages stream with each rank posting ahead.
+/// How many messages stream with each rank posting ahead, unless the script says.
 const AHEAD: usize = 2;
 
-/// Streams `count` messages of `size` bytes, [`AHEAD`] at a time: sends them, or receives and
+/// Streams `count` messages of `size` bytes, `ahead` at a time: sends them, or receives and
 /// checks them and prints the rate from the first message's arrival to the last's.
-fn stream(lib: &PluginLib, comm: Ptr, count: usize, size: usize, sender: bool) {
+fn stream(lib: &PluginLib, comm: Ptr, count: usize, size: usize, ahead: usize, sender: bool) {
     let deadline = until(120.0);
     // Each message is the pattern of its slot: the sender reuses its buffers.
-    let expected: Vec<Vec<u8>> = (0..AHEAD).map(|i| pattern(i, size)).collect();
+    let expected: Vec<Vec<u8>> = (0..ahead).map(|i| pattern(i, size)).collect();
     let mut bufs: Vec<Vec<u8>> = match sender {
         true => expected.clone(),
-        false => vec![vec![0u8; size]; AHEAD],
+        false => vec![vec![0u8; size]; ahead],
     };
-    let mut posted: Vec<Option<Ptr>> = vec![None; AHEAD];
+    let mut posted: Vec<Option<Ptr>> = vec![None; ahead];
     let mut first: Option<Instant> = None;
-    for i in 0..count + AHEAD {
-        let k = i % AHEAD;
+    for i in 0..count + ahead {
+        let k = i % ahead;
         if let Some(r) = posted[k].take() {
             assert_eq!(lib.wait(r, deadline).expect("stream") as usize, size);
             if !sender {
-                assert!(bufs[k] == expected[k], "message {} differs", i - AHEAD);
+                assert!(bufs[k] == expected[k], "message {} differs", i - ahead);
                 bufs[k].fill(0);
             }
             first.get_or_insert_with(Instant::now);
@@ -510,7 +512,8 @@ fn flows_beyond_the_lanes_are_connections_of_their_own() {
                  at {CAP_MBIT} Mbit/s; sent per connection {sent:?}"
             );
             assert!(
-                b.stderr.contains(&format!("{flows} flow(s) per comm (as set)")),
+                b.stderr
+                    .contains(&format!("{flows} flow(s) per comm (as set)")),
                 "over {p}: the sizing line says {flows} flows: {}",
                 b.stderr
             );
@@ -548,15 +551,19 @@ fn short_messages_in_pieces_take_the_flows_in_turn() {
     const STEP: usize = 512 << 10;
     const COUNT: usize = 96;
     for p in striping_providers() {
-        let (_, sent) = run_pair(
+        let ([_, b], sent) = run_pair(
             &Hosts::new(2),
             p,
             &[],
-            &format!("stream:{COUNT}:{STEP}"),
+            &format!("stream:{COUNT}:{STEP}:8"),
             |hosts, flows| hosts.cap_flows(0, flows, &[CAP_MBIT]),
             sent_since,
         );
-        eprintln!("{p}: {COUNT} messages of {STEP} bytes, sent per connection {sent:?}");
+        eprintln!(
+            "{p}: {COUNT} messages of {STEP} bytes, 8 in flight: {} MB/s, sent per connection \
+             {sent:?}",
+            b.result("mb_per_s").unwrap()
+        );
         assert_eq!(
             sent.len(),
             16,
