@@ -57,10 +57,21 @@ impl Plugin {
 /// 4-16 lanes, while tcp;ofi_rxm takes ~0.2-0.7 s to connect each new endpoint, so it
 /// shares lanes.
 fn per_comm(settings: &Settings, provider: &str) -> bool {
+    let version = crate::fabric::runtime_version();
     match settings.endpoints {
         EndpointSharing::Auto => crate::quirks::local_only(provider),
         EndpointSharing::PerComm => true,
-        EndpointSharing::PerDevice => false,
+        EndpointSharing::PerDevice => match crate::quirks::sharing_stalls(provider, version) {
+            Some(why) => {
+                tracing::warn!(
+                    "NCCL_FABRIC_ENDPOINTS=device is not followed over {provider}: {why}; \
+                     each comm gets an endpoint of its own (use libfabric 1.19 or later to \
+                     share them)"
+                );
+                true
+            }
+            None => false,
+        },
     }
 }
 

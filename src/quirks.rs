@@ -125,6 +125,20 @@ pub fn pieces_pay(provider: &str, version: u32) -> bool {
     provider.contains("ofi_rxd") || matches!(provider, "tcp" | "sockets" | "net" | "ucx")
 }
 
+/// Why endpoints of `provider` at libfabric `version` cannot be shared by comms, if so.
+/// shm before 1.19 holds every later message between two endpoints behind one that arrived
+/// before any receive for it was posted, and does not match such a message to a receive
+/// posted later with ignore bits (its unexpected queue matches with a stale mask), so a
+/// message sent to a comm that closed without receiving it stops every other comm between
+/// the same endpoints (`faults::sends_nobody_received_do_not_block_the_endpoints_after_close`
+/// fails on 1.17 at once; 1.19 buffers unexpected messages and matches through util_srx).
+pub fn sharing_stalls(provider: &str, version: u32) -> Option<&'static str> {
+    (provider == "shm" && version < crate::fabric::fi_version(1, 19)).then_some(
+        "shm before libfabric 1.19 holds every message between two endpoints behind one sent \
+         to a comm that closed without receiving it",
+    )
+}
+
 /// The speed to announce for a provider that reports no link speed and has no network
 /// interface the kernel could report one for.
 pub fn unreported_speed_mbps(provider: &str) -> u64 {
