@@ -448,7 +448,7 @@ impl LanePool {
             (true, _) => 1,
             // Flow j must travel on rail j mod rails at both ends: a lane each.
             (false, true) => lanes,
-            (false, false) => (lanes * lanes).min(crate::comm::MAX_FLOWS),
+            (false, false) => (lanes * lanes).min(crate::tags::MAX_PIECES),
         }
     }
 

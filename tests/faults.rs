@@ -693,6 +693,65 @@ fn closing_pairs_do_not_disturb_a_pair_streaming_on_the_same_endpoints() {
     }
 }
 
+/// A receive comm closed with a receive still posted, its peer sending after the close: the
+/// message goes to the sink, not into the buffer NCCL may already have freed.
+#[test]
+#[ignore = "child process of another test"]
+fn child_closed_receive_leaves_its_buffer_alone() {
+    let lib = init();
+    let deadline = until(60.0);
+    let provider = std::env::var("NCCL_FABRIC_PROVIDER").unwrap();
+    let (send, recv) = lib.connect_pair(0, deadline).expect("connect_pair");
+    let (s2, r2) = lib.connect_pair(0, deadline).expect("connect_pair");
+    let buf: &'static mut [u8] = Vec::leak(vec![0u8; 65_536]);
+    let p = buf.as_mut_ptr();
+    // SAFETY: the buffer is leaked: it stays valid whatever the provider does with it.
+    unsafe { lib.irecv_until(r2, p.cast(), 65_536, NULL, deadline) }.expect("irecv");
+    lib.close_recv(r2).expect("closeRecv");
+    // SAFETY: as above; the test reads what the provider may have written meanwhile.
+    unsafe { std::ptr::write_bytes(p, 0xab, 65_536) };
+    let sent: &'static mut [u8] = Vec::leak(vec![0x11u8; 65_536]);
+    // SAFETY: leaked, the buffer outlives the send, which may never finish.
+    unsafe { lib.isend_until(s2, sent.as_mut_ptr().cast(), 65_536, NULL, deadline) }
+        .expect("isend");
+    // The other pair on the same endpoints carries data meanwhile, and time passes.
+    a_pair_carries_data_on(&lib, send, recv, 8, until(20.0));
+    std::thread::sleep(Duration::from_millis(300));
+    // SAFETY: as above.
+    let now = unsafe { std::slice::from_raw_parts(p, 65_536) };
+    let written = now.iter().filter(|&&b| b != 0xab).count();
+    println!("RESULT written={written}");
+    assert_eq!(
+        written, 0,
+        "over {provider}: a closed comm's buffer was written after its close"
+    );
+    lib.close_send(s2).expect("closeSend");
+    lib.close_send(send).expect("closeSend");
+    lib.close_recv(recv).expect("closeRecv");
+    println!("RESULT ok=1");
+}
+
+/// Both ways on an open pair, `count` messages of 64 KiB.
+fn a_pair_carries_data_on(lib: &PluginLib, send: Ptr, recv: Ptr, count: usize, by: Instant) {
+    std::thread::scope(|t| {
+        t.spawn(|| recv_n(lib, recv, 65_536, count, by));
+        send_n(lib, send, 65_536, count, by);
+    });
+}
+
+#[test]
+fn a_closed_receive_leaves_its_buffer_alone() {
+    for (p, env) in envs(&[("NCCL_FABRIC_ENDPOINTS", "device")]) {
+        let f = run_child(
+            "child_closed_receive_leaves_its_buffer_alone",
+            &env,
+            scaled(CHILD),
+        );
+        ok(&f, &p);
+        eprintln!("{p}: bytes written after close: {:?}", f.result("written"));
+    }
+}
+
 /// A receive comm closed while its peer's sends wait at its endpoint unreceived (they came
 /// before any receive was posted): the sink left on the endpoint must take them in, or the
 /// provider may hold every later message between the two endpoints behind them.

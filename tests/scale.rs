@@ -11,10 +11,13 @@
 //!
 //! Over `tcp;ofi_rxm`, and native `tcp` where libfabric has it (>= 1.18).
 //!
-//! Runs only with `NFAB_SCALE_HOSTS` set (4 or more hosts): on 4 hosts it still fails. On
-//! libfabric 1.17, after the killed host and the cut link, closing a lane's domain answers
-//! EBUSY ("closing the domain failed: … Device or resource busy") and 3 sockets stay open
-//! after finalize; on 2.1 a rank can hang past its deadline after the faults.
+//! Runs only with `NFAB_SCALE_HOSTS` set (4 or more hosts): on 4 hosts it still fails.
+//! After the killed host and the cut link, closing a lane's domain answers EBUSY ("closing
+//! the domain failed: … Device or resource busy") and sockets stay open after finalize
+//! (1.17: 3, 2.1: 9 to 12); on 2.1 a rank at times corrupts its heap after the faults
+//! ("malloc(): unsorted double linked list corrupted", or a hang in UCX's signal handler
+//! that caught the crash), with rxm finishing a rendezvous send (`rxm_rndv_tx_finish` ->
+//! `ofi_mr_close`) on the control thread.
 
 mod common;
 
@@ -248,8 +251,10 @@ fn child_scale_rank() {
     println!("RESULT peers={}", report.join(","));
     assert_eq!(read_stdin_line(scaled(60.0)).trim(), "close");
     // Comms close with requests still in flight where a pair still streamed. Their buffers
-    // stay until after finalize: a receive of a closed comm can stay posted on a shared
-    // lane until the lane closes (freed at close, they were written after free on 2.1).
+    // stay until after finalize: a receive the provider was filling at the close may still
+    // finish. (Receives still waiting for a message are cancelled at the close; before they
+    // were, they stayed posted and these buffers, freed at the close, were written after
+    // free on 2.1.)
     for f in &out {
         lib.close_send(f.comm).expect("closeSend");
     }
