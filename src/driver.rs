@@ -140,10 +140,9 @@ pub enum Command {
     /// Withdraw the queued operations of the owner with this key (a comm that closed), and
     /// cancel its posted receives: NCCL may free their buffers once the comm is closed, and a
     /// message of a peer still sending would land there (a receive the provider is already
-    /// filling may still finish). For a receiving owner, `sink` (tag and ignored bits) names
-    /// the messages still to come for it, which are then taken in and dropped (see
-    /// [`SINK_MESSAGES`]). (shm before 1.19, which stalled when a receive it was filling was
-    /// cancelled, no longer shares endpoints between comms: `quirks::sharing_stalls`.)
+    /// filling may still finish; not where `quirks::cancel_at_close` says no). For a
+    /// receiving owner, `sink` (tag and ignored bits) names the messages still to come for
+    /// it, which are then taken in and dropped (see [`SINK_MESSAGES`]).
     Retire {
         owner: usize,
         sink: Option<SinkSpec>,
@@ -379,13 +378,16 @@ impl Driver {
                         );
                         false
                     });
+                    let provider = &self.queue.endpoint().provider;
                     let posted: Vec<usize> = (self.in_flight.iter())
                         .filter(|(_, f)| f.posted.is_some() && owner_key(&f.owner) == key)
                         .map(|(&c, _)| c)
                         .collect();
-                    for c in posted {
-                        // A receive the provider is filling already may finish anyway.
-                        let _ = self.queue.cancel(c);
+                    if crate::quirks::cancel_at_close(provider, crate::fabric::runtime_version()) {
+                        for c in posted {
+                            // A receive the provider is filling already may finish anyway.
+                            let _ = self.queue.cancel(c);
+                        }
                     }
                 }
                 Command::CloseAfter(receiver) => self.close_after.push(receiver),

@@ -139,6 +139,16 @@ pub fn sharing_stalls(provider: &str, version: u32) -> Option<&'static str> {
     )
 }
 
+/// Whether a closed comm's posted receives are cancelled at the close (so that no message
+/// of a peer still sending lands in buffers NCCL may free after it): everywhere but where
+/// [`sharing_stalls`], since there a message that then finds no receive holds every later one
+/// between the two endpoints (1.17 shm failed `conform`'s close check so: the next pair,
+/// on the closed comm's endpoint kept for it, never moved its data). There the receives stay
+/// posted until a message fills them or their endpoint closes.
+pub fn cancel_at_close(provider: &str, version: u32) -> bool {
+    sharing_stalls(provider, version).is_none()
+}
+
 /// The speed to announce for a provider that reports no link speed and has no network
 /// interface the kernel could report one for.
 pub fn unreported_speed_mbps(provider: &str) -> u64 {

