@@ -14,7 +14,8 @@
 mod common;
 
 use common::hosts::{
-    connect_and_accept, host_env, hosts_or_skip, pair_on_hosts, providers, Hosts, IFACE,
+    all_to_all_on_hosts, connect_and_accept, host_env, hosts_or_skip, pair_on_hosts, providers,
+    Hosts, IFACE,
 };
 use common::scenario::*;
 use common::*;
@@ -218,24 +219,8 @@ fn four_hosts_connect_all_to_all() {
     }
     for p in providers() {
         let hosts = Hosts::new(4);
-        let mut env = host_env(p, &[]);
-        env.push(("NFAB_HOSTS".into(), "4".into()));
-        let mut ranks: Vec<ChildTest> = (0..4)
-            .map(|i| hosts.spawn(i, "child_all_to_all", &env, scaled(CHILD)))
-            .collect();
-        let made: Vec<Vec<String>> = ranks
-            .iter_mut()
-            .map(|r| {
-                r.read_result("handle")
-                    .split(',')
-                    .map(str::to_string)
-                    .collect()
-            })
-            .collect();
-        for (k, r) in ranks.iter_mut().enumerate() {
-            let for_k: Vec<&str> = made.iter().map(|m| m[k].as_str()).collect();
-            r.send_line(&for_k.join(","));
-        }
+        let env = host_env(p, &[]);
+        let ranks = all_to_all_on_hosts(&hosts, "child_all_to_all", &env, scaled(CHILD));
         for (i, r) in ranks.into_iter().enumerate() {
             let f = r.finish();
             ok(&f, &format!("host {i} over {p}"));

@@ -21,7 +21,7 @@
 
 mod common;
 
-use common::hosts::{host_env, hosts_or_skip, providers, Hosts};
+use common::hosts::{all_to_all_on_hosts, host_env, hosts_or_skip, providers, Hosts};
 use common::scenario::*;
 use common::*;
 use nccl_net_host::{handle_from_hex, handle_to_hex, PluginLib, Ptr};
@@ -343,24 +343,8 @@ fn many_hosts_connect_all_to_all_and_survive_a_killed_host_and_a_cut_link() {
     for p in providers() {
         let mut hosts = Hosts::new(n);
         // Shared lanes close with their last comm, so that finalize gives everything back.
-        let mut env = host_env(p, &[("NCCL_FABRIC_LANE_LINGER_MS", "0")]);
-        env.push(("NFAB_HOSTS".into(), n.to_string()));
-        let mut ranks: Vec<ChildTest> = (0..n)
-            .map(|i| hosts.spawn(i, "child_scale_rank", &env, scaled(CHILD)))
-            .collect();
-        let made: Vec<Vec<String>> = ranks
-            .iter_mut()
-            .map(|r| {
-                r.read_result("handle")
-                    .split(',')
-                    .map(str::to_string)
-                    .collect()
-            })
-            .collect();
-        for (k, r) in ranks.iter_mut().enumerate() {
-            let for_k: Vec<&str> = made.iter().map(|m| m[k].as_str()).collect();
-            r.send_line(&for_k.join(","));
-        }
+        let env = host_env(p, &[("NCCL_FABRIC_LANE_LINGER_MS", "0")]);
+        let mut ranks = all_to_all_on_hosts(&hosts, "child_scale_rank", &env, scaled(CHILD));
         for r in ranks.iter_mut() {
             r.read_result("streaming");
         }

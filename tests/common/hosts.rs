@@ -476,6 +476,37 @@ pub fn pair_on_hosts(
     (a, b)
 }
 
+/// The exchange of handles between every pair of hosts: starts `name` on every host (with
+/// `NFAB_HOSTS` set to their number); each prints `RESULT handle=` with a listen handle per
+/// host, comma-separated (`-` for itself), and is handed, per host, the handle that host made
+/// for it. Returns the ranks, host 0's first.
+pub fn all_to_all_on_hosts(
+    hosts: &Hosts,
+    name: &str,
+    env: &[(String, String)],
+    timeout: Duration,
+) -> Vec<ChildTest> {
+    let mut env = env.to_vec();
+    env.push(("NFAB_HOSTS".into(), hosts.hosts.len().to_string()));
+    let mut ranks: Vec<ChildTest> = (0..hosts.hosts.len())
+        .map(|i| hosts.spawn(i, name, &env, timeout))
+        .collect();
+    let made: Vec<Vec<String>> = ranks
+        .iter_mut()
+        .map(|r| {
+            r.read_result("handle")
+                .split(',')
+                .map(str::to_string)
+                .collect()
+        })
+        .collect();
+    for (k, r) in ranks.iter_mut().enumerate() {
+        let for_k: Vec<&str> = made.iter().map(|m| m[k].as_str()).collect();
+        r.send_line(&for_k.join(","));
+    }
+    ranks
+}
+
 /// Connect to `peer` on `dev` and accept on `listen` at once, calling each in turn without
 /// blocking, as NCCL's proxy does.
 pub fn connect_and_accept(
