@@ -15,7 +15,7 @@
 mod common;
 
 use common::hosts::{
-    connect_and_accept, host_env, hosts_or_skip, pair_on_hosts, Connection, Hosts,
+    connect_and_accept, host_env, hosts_or_skip, my_host, pair_on_hosts, Connection, Hosts,
 };
 use common::scenario::*;
 use common::*;
@@ -33,13 +33,6 @@ const CAP_MBIT: u32 = 100;
 
 /// The hosts tests of this file run one at a time: their rates are what they measure.
 static ONE_AT_A_TIME: std::sync::Mutex<()> = std::sync::Mutex::new(());
-
-fn my_host() -> usize {
-    std::env::var("NFAB_HOST")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .expect("NFAB_HOST")
-}
 
 fn script() -> String {
     std::env::var("NFAB_SCRIPT").expect("NFAB_SCRIPT")

@@ -14,8 +14,8 @@
 mod common;
 
 use common::hosts::{
-    all_to_all_on_hosts, connect_and_accept, host_env, hosts_or_skip, pair_on_hosts, providers,
-    Hosts, IFACE,
+    all_to_all_on_hosts, connect_and_accept, connect_to_all, handles_of_all, host_env,
+    hosts_or_skip, my_host, pair_on_hosts, providers, Hosts, IFACE,
 };
 use common::scenario::*;
 use common::*;
@@ -27,14 +27,6 @@ use std::time::{Duration, Instant};
 const CHILD: f64 = 120.0;
 /// `NCCL_FABRIC_PEER_TIMEOUT_MS` in these tests (the default).
 const PEER_TIMEOUT_MS: f64 = 3000.0;
-
-/// This rank's host (0, 1, …), from the test that started it.
-fn my_host() -> usize {
-    std::env::var("NFAB_HOST")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .expect("NFAB_HOST")
-}
 
 // ---------------------------------------------------------------------------------------
 // Every device carries data between hosts.
@@ -127,39 +119,10 @@ fn child_all_to_all() {
     let lib = init();
     let me = my_host();
     let hosts: usize = std::env::var("NFAB_HOSTS").unwrap().parse().unwrap();
-    let listens: Vec<Option<([u8; 128], Ptr)>> = (0..hosts)
-        .map(|j| (j != me).then(|| lib.listen(0).expect("listen")))
-        .collect();
-    let mine: Vec<String> = listens
-        .iter()
-        .map(|l| l.as_ref().map_or("-".into(), |(h, _)| handle_to_hex(h)))
-        .collect();
-    println!("RESULT handle={}", mine.join(","));
-    let line = read_stdin_line(scaled(30.0));
-    let mut peers: Vec<(usize, [u8; 128])> = line
-        .trim()
-        .split(',')
-        .enumerate()
-        .filter(|(j, _)| *j != me)
-        .map(|(j, h)| (j, handle_from_hex(h).expect("handle")))
-        .collect();
+    let (listens, mut peers) = handles_of_all(&lib, me, hosts, scaled(30.0));
     let deadline = until(40.0);
     let started = Instant::now();
-    let mut sends: Vec<Option<Ptr>> = vec![None; peers.len()];
-    let mut recvs: Vec<Option<Ptr>> = vec![None; peers.len()];
-    while sends.iter().chain(&recvs).any(Option::is_none) {
-        for (k, (j, h)) in peers.iter_mut().enumerate() {
-            if sends[k].is_none() {
-                sends[k] = lib.connect(0, h).expect("connect");
-            }
-            if recvs[k].is_none() {
-                let listen = listens[*j].as_ref().unwrap().1;
-                recvs[k] = lib.accept(listen).expect("accept");
-            }
-        }
-        assert!(Instant::now() < deadline, "all-to-all connections in time");
-        std::thread::sleep(Duration::from_micros(200));
-    }
+    let (sends, recvs) = connect_to_all(&lib, &listens, &mut peers, deadline);
     println!("RESULT connected_ms={}", started.elapsed().as_millis());
     let len = 256 << 10;
     // Each message starts with its sender and receiver.
@@ -171,7 +134,7 @@ fn child_all_to_all() {
     };
     std::thread::scope(|s| {
         for (k, &(peer, _)) in peers.iter().enumerate() {
-            let (send, recv, lib) = (sends[k].unwrap(), recvs[k].unwrap(), &lib);
+            let (send, recv, lib) = (sends[k], recvs[k], &lib);
             s.spawn(move || {
                 for i in 0..4 {
                     let mut m = message(me, peer, i);
@@ -200,13 +163,13 @@ fn child_all_to_all() {
             });
         }
     });
-    for c in sends.into_iter().flatten() {
+    for c in sends {
         lib.close_send(c).expect("closeSend");
     }
-    for c in recvs.into_iter().flatten() {
+    for c in recvs {
         lib.close_recv(c).expect("closeRecv");
     }
-    for (_, l) in listens.into_iter().flatten() {
+    for l in listens.into_iter().flatten() {
         lib.close_listen(l).expect("closeListen");
     }
     println!("RESULT ok=1");

@@ -21,10 +21,13 @@
 
 mod common;
 
-use common::hosts::{all_to_all_on_hosts, host_env, hosts_or_skip, providers, Hosts};
+use common::hosts::{
+    all_to_all_on_hosts, connect_to_all, handles_of_all, host_env, hosts_or_skip, my_host,
+    providers, Hosts,
+};
 use common::scenario::*;
 use common::*;
-use nccl_net_host::{handle_from_hex, handle_to_hex, PluginLib, Ptr};
+use nccl_net_host::{PluginLib, Ptr};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 const CHILD: f64 = 240.0;
@@ -35,13 +38,6 @@ const PEER_TIMEOUT_MS: u128 = 3000;
 /// A killed host must be reported within this.
 const KILLED_MS: u128 = 5000;
 const _: () = assert!(PEER_TIMEOUT_MS * 5 / 4 + 1000 <= KILLED_MS);
-
-fn my_host() -> usize {
-    std::env::var("NFAB_HOST")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .expect("NFAB_HOST")
-}
 
 fn wall_ms() -> u128 {
     SystemTime::now()
@@ -140,46 +136,17 @@ fn child_scale_rank() {
     let hosts: usize = std::env::var("NFAB_HOSTS").unwrap().parse().unwrap();
     let (fds_init, rss_init) = (open_fds(), rss_kib());
     // A listen comm per peer, as NCCL's connections to each peer have one each.
-    let listens: Vec<Option<([u8; 128], Ptr)>> = (0..hosts)
-        .map(|j| (j != me).then(|| lib.listen(0).expect("listen")))
-        .collect();
-    let mine: Vec<String> = listens
-        .iter()
-        .map(|l| l.as_ref().map_or("-".into(), |(h, _)| handle_to_hex(h)))
-        .collect();
+    let (listens, mut peers) = handles_of_all(&lib, me, hosts, scaled(60.0));
     // The control endpoint opens with the first listen and stays: what is open now is what
     // must be left after finalize.
     let fds_before = open_fds();
-    println!("RESULT handle={}", mine.join(","));
-    let line = read_stdin_line(scaled(60.0));
-    let mut peers: Vec<(usize, [u8; 128])> = line
-        .trim()
-        .split(',')
-        .enumerate()
-        .filter(|(j, _)| *j != me)
-        .map(|(j, h)| (j, handle_from_hex(h).expect("handle")))
-        .collect();
     // Every connect and accept at once, each called in turn without blocking.
-    let deadline = until(60.0);
     println!("RESULT connect_start_ms={}", wall_ms());
-    let mut sends: Vec<Option<Ptr>> = vec![None; peers.len()];
-    let mut recvs: Vec<Option<Ptr>> = vec![None; peers.len()];
-    while sends.iter().chain(&recvs).any(Option::is_none) {
-        for (k, (j, h)) in peers.iter_mut().enumerate() {
-            if sends[k].is_none() {
-                sends[k] = lib.connect(0, h).expect("connect");
-            }
-            if recvs[k].is_none() {
-                recvs[k] = lib.accept(listens[*j].as_ref().unwrap().1).expect("accept");
-            }
-        }
-        assert!(Instant::now() < deadline, "all-to-all connections in time");
-        std::thread::sleep(Duration::from_micros(200));
-    }
+    let (sends, recvs) = connect_to_all(&lib, &listens, &mut peers, until(60.0));
     println!("RESULT connected_ms={}", wall_ms());
     let ids: Vec<usize> = peers.iter().map(|(j, _)| *j).collect();
-    let mut out: Vec<Flow> = sends.iter().map(|c| Flow::new(c.unwrap())).collect();
-    let mut inc: Vec<Flow> = recvs.iter().map(|c| Flow::new(c.unwrap())).collect();
+    let mut out: Vec<Flow> = sends.into_iter().map(Flow::new).collect();
+    let mut inc: Vec<Flow> = recvs.into_iter().map(Flow::new).collect();
     let drive = |out: &mut Vec<Flow>, inc: &mut Vec<Flow>, posting: bool| {
         for (k, &peer) in ids.iter().enumerate() {
             turn(&lib, &mut out[k], true, me, peer, posting);
@@ -261,7 +228,7 @@ fn child_scale_rank() {
     for f in &inc {
         lib.close_recv(f.comm).expect("closeRecv");
     }
-    for (_, l) in listens.into_iter().flatten() {
+    for l in listens.into_iter().flatten() {
         lib.close_listen(l).expect("closeListen");
     }
     lib.finalize().expect("finalize");

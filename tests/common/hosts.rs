@@ -12,7 +12,8 @@
 //! that killing the rank's `nsenter` kills the rank.
 
 use super::*;
-use nccl_net_host::{PluginLib, Ptr};
+use nccl_net_fabric::nccl::NET_HANDLE_MAXSIZE;
+use nccl_net_host::{handle_from_hex, handle_to_hex, PluginLib, Ptr};
 use std::net::Ipv4Addr;
 use std::process::{Child, Command, Stdio};
 
@@ -507,12 +508,76 @@ pub fn all_to_all_on_hosts(
     ranks
 }
 
+/// A peer host and the handle it made for this rank.
+pub type PeerHandle = (usize, [u8; NET_HANDLE_MAXSIZE]);
+
+/// A rank's side of [`all_to_all_on_hosts`], host `me` of `hosts`: a listen comm per peer
+/// (as NCCL's, each accepts one), their handles printed, and per peer the handle that peer
+/// made for this rank, read within `timeout`. Returns the listen comms (none for itself) and
+/// the peers with their handles.
+pub fn handles_of_all(
+    lib: &PluginLib,
+    me: usize,
+    hosts: usize,
+    timeout: Duration,
+) -> (Vec<Option<Ptr>>, Vec<PeerHandle>) {
+    let listens: Vec<Option<([u8; NET_HANDLE_MAXSIZE], Ptr)>> = (0..hosts)
+        .map(|j| (j != me).then(|| lib.listen(0).expect("listen")))
+        .collect();
+    let mine: Vec<String> = listens
+        .iter()
+        .map(|l| l.as_ref().map_or("-".into(), |(h, _)| handle_to_hex(h)))
+        .collect();
+    println!("RESULT handle={}", mine.join(","));
+    let line = read_stdin_line(timeout);
+    let peers = line
+        .trim()
+        .split(',')
+        .enumerate()
+        .filter(|(j, _)| *j != me)
+        .map(|(j, h)| (j, handle_from_hex(h).expect("handle")))
+        .collect();
+    (
+        listens.into_iter().map(|l| l.map(|(_, c)| c)).collect(),
+        peers,
+    )
+}
+
+/// Connects to every peer of [`handles_of_all`] and accepts from each on its listen comm,
+/// all at once, each called in turn without blocking; returns the send and receive comms,
+/// in the order of `peers`.
+pub fn connect_to_all(
+    lib: &PluginLib,
+    listens: &[Option<Ptr>],
+    peers: &mut [PeerHandle],
+    deadline: Instant,
+) -> (Vec<Ptr>, Vec<Ptr>) {
+    let mut sends: Vec<Option<Ptr>> = vec![None; peers.len()];
+    let mut recvs: Vec<Option<Ptr>> = vec![None; peers.len()];
+    while sends.iter().chain(&recvs).any(Option::is_none) {
+        for (k, (j, h)) in peers.iter_mut().enumerate() {
+            if sends[k].is_none() {
+                sends[k] = lib.connect(0, h).expect("connect");
+            }
+            if recvs[k].is_none() {
+                recvs[k] = lib.accept(listens[*j].unwrap()).expect("accept");
+            }
+        }
+        assert!(Instant::now() < deadline, "all-to-all connections in time");
+        std::thread::sleep(Duration::from_micros(200));
+    }
+    (
+        sends.into_iter().map(Option::unwrap).collect(),
+        recvs.into_iter().map(Option::unwrap).collect(),
+    )
+}
+
 /// Connect to `peer` on `dev` and accept on `listen` at once, calling each in turn without
 /// blocking, as NCCL's proxy does.
 pub fn connect_and_accept(
     lib: &PluginLib,
     dev: i32,
-    peer: &mut [u8; nccl_net_fabric::nccl::NET_HANDLE_MAXSIZE],
+    peer: &mut [u8; NET_HANDLE_MAXSIZE],
     listen: Ptr,
     deadline: Instant,
 ) -> (Ptr, Ptr) {
@@ -577,6 +642,14 @@ pub fn hosts_or_skip() -> bool {
             false
         }
     }
+}
+
+/// This rank's host (0, 1, …), from the test that started it ([`Hosts::spawn`]).
+pub fn my_host() -> usize {
+    std::env::var("NFAB_HOST")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .expect("NFAB_HOST")
 }
 
 /// Whether this process is a rank started inside a host.
