@@ -379,11 +379,11 @@ impl Driver {
                         false
                     });
                     let provider = &self.queue.endpoint().provider;
-                    let posted: Vec<usize> = (self.in_flight.iter())
-                        .filter(|(_, f)| f.posted.is_some() && owner_key(&f.owner) == key)
-                        .map(|(&c, _)| c)
-                        .collect();
                     if crate::quirks::cancel_at_close(provider, crate::fabric::runtime_version()) {
+                        let posted: Vec<usize> = (self.in_flight.iter())
+                            .filter(|(_, f)| f.posted.is_some() && owner_key(&f.owner) == key)
+                            .map(|(&c, _)| c)
+                            .collect();
                         for c in posted {
                             // A receive the provider is filling already may finish anyway.
                             let _ = self.queue.cancel(c);

@@ -443,12 +443,9 @@ impl LanePool {
     /// How many flows a comm gets at most: lanes after its own, in the pool's order (a lane
     /// per comm gets no more).
     pub fn most_flows(&self) -> usize {
-        let lanes = self.config.lanes.max(1);
-        match (self.config.per_comm, self.config.rails.len() > 1) {
-            (true, _) => 1,
-            // Flow j must travel on rail j mod rails at both ends: a lane each.
-            (false, true) => lanes,
-            (false, false) => (lanes * lanes).min(crate::tags::MAX_PIECES),
+        match self.config.per_comm {
+            true => 1,
+            false => most_flows(self.config.lanes, self.config.rails.len()),
         }
     }
 
@@ -758,6 +755,18 @@ impl LanePool {
         members.retain(|l| l.strong_count() > 0);
         members.push(Arc::downgrade(&lane));
         Ok(lane)
+    }
+}
+
+/// The most flows a comm may have on `lanes` shared lanes per role over `rails` NICs: a
+/// connection each, so a lane each over several NICs (flow j must travel on rail j mod rails
+/// at both ends), else every pair of a sending and a receiving lane (see [`flow_lane`]), up
+/// to the pieces a message can be cut into.
+pub fn most_flows(lanes: usize, rails: usize) -> usize {
+    let lanes = lanes.max(1);
+    match rails > 1 {
+        true => lanes,
+        false => (lanes * lanes).min(crate::tags::MAX_PIECES),
     }
 }
 

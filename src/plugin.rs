@@ -318,11 +318,10 @@ fn open_devices(
         // Over several NICs, lanes come in whole rounds of the rails.
         let lanes = lanes.div_ceil(rails.len().max(1)) * rails.len().max(1);
         // Flows set beyond the lanes pair every sending lane with every receiving one
-        // (`lane::flow_lane`); by default, and over several NICs (each flow keeps a lane of
-        // its rail), no more flows than lanes.
-        let most = match rails.len() > 1 || settings.flows == 0 {
-            true => lanes,
-            false => lanes * lanes,
+        // (`lane::most_flows`); by default no more flows than lanes.
+        let most = match settings.flows {
+            0 => lanes,
+            _ => crate::lane::most_flows(lanes, rails.len()),
         };
         let flows = flows.min(most).min(crate::comm::MAX_FLOWS);
         let by_calls = !threaded && settings.pieces_auto && flows == 1;
