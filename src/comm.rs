@@ -184,7 +184,17 @@ pub struct Comm {
     /// Since when (ms) the provider has refused this comm's posts, 0 if it took the last one:
     /// a peer that stops taking messages is watched like one that stops answering them.
     refused_since: AtomicU64,
+    /// Registrations the plugin made itself for buffers posted without an mhandle, where the
+    /// domains need a descriptor with every buffer (see [`Comm::adhoc`]): by address and
+    /// length, kept while the comm lives.
+    adhoc: Mutex<Vec<(usize, usize, Keep)>>,
 }
+
+/// Something a comm keeps while it lives (a registration of a layer above).
+pub type Keep = Arc<dyn std::any::Any + Send + Sync>;
+
+/// Most buffers a comm registers itself for posts without an mhandle.
+pub const MAX_ADHOC: usize = 1024;
 
 impl opaque::Kind for Arc<Comm> {
     const MAGIC: u64 = 0x4e46_4142_434f_4d33; // "NFABCOM3"
@@ -370,6 +380,7 @@ impl Comm {
             stray_seen,
             times: Default::default(),
             refused_since: AtomicU64::new(0),
+            adhoc: Mutex::new(Vec::new()),
         });
         let me = Arc::as_ptr(&comm).cast_mut();
         for r in comm.requests.iter() {
@@ -407,6 +418,35 @@ impl Comm {
     /// Its lanes, one per flow, its own first.
     pub fn lanes(&self) -> impl Iterator<Item = &Arc<Lane>> {
         self.wires.iter().map(|w| &w.lane)
+    }
+
+    /// Whether its buffers need descriptors the caller may not have given: its domains
+    /// claim `FI_MR_LOCAL` (see `quirks::claim_local_mr`).
+    pub fn needs_descs(&self) -> bool {
+        self.lanes().any(|l| l.endpoint.domain.claimed_local_mr())
+    }
+
+    /// The registration this comm made itself of `len` bytes at `data`, made now by
+    /// `register` if there is none (at most [`MAX_ADHOC`]).
+    pub fn adhoc<T: std::any::Any + Send + Sync>(
+        &self,
+        data: usize,
+        len: usize,
+        register: impl FnOnce() -> Result<T>,
+    ) -> Result<Keep> {
+        let mut adhoc = self.adhoc.lock();
+        if let Some((_, _, r)) = adhoc.iter().find(|(d, l, _)| (*d, *l) == (data, len)) {
+            return Ok(r.clone());
+        }
+        if adhoc.len() >= MAX_ADHOC {
+            return Err(Error::InvalidArgument(format!(
+                "{MAX_ADHOC} buffers posted without an mhandle on this comm: register buffers \
+                 with regMr and pass their mhandles"
+            )));
+        }
+        let r: Keep = Arc::new(register()?);
+        adhoc.push((data, len, r.clone()));
+        Ok(r)
     }
 
     /// How many flows it has.
@@ -716,6 +756,10 @@ impl Comm {
             wire.lane.retire_owner(owner_key(&owner), sink);
             wire.lane.release_user();
         }
+        // Its own registrations go now, as NCCL's go after it closes a comm: they must not
+        // keep the lanes open (as users) while the comm lives on for operations the lanes'
+        // closing will end. A peer still reading from one then fails, not this process.
+        drop(std::mem::take(&mut *self.adhoc.lock()));
     }
 
     /// For a request still in the provider's hands: one stall WARN when it waited past

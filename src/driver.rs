@@ -526,7 +526,8 @@ impl Driver {
                         iov_len: 0,
                     },
                 ];
-                let mut descs = [desc, std::ptr::null_mut()];
+                let area_desc = ep.overflow_desc as *mut c_void;
+                let mut descs = [desc, area_desc];
                 let pieces = match overflow {
                     // Nothing of NCCL's (a sink): the area alone, not after an empty piece
                     // (shm 1.17's segmented copies stall on a receive that starts with one).
@@ -535,6 +536,7 @@ impl Driver {
                             iov_base: area.cast(),
                             iov_len: room,
                         };
+                        descs[0] = area_desc;
                         1
                     }
                     Some((area, room)) => {

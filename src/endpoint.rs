@@ -92,8 +92,10 @@ pub struct Endpoint {
     pub source: bool,
     pub provider: String,
     /// Whether receives may carry the overflow area as a second piece (the provider takes two
-    /// pieces and needs no descriptor for host memory).
+    /// pieces, and needs no descriptor for host memory or has the area registered).
     pub overflow: bool,
+    /// The area's descriptor in this endpoint's domain (0: none needed).
+    pub overflow_desc: usize,
     pub max_msg_size: usize,
     pub domain: Arc<Domain>,
     /// Sending queues of this process that must close after this endpoint (see
@@ -271,6 +273,10 @@ impl Endpoint {
             }
             buf.truncate(len);
             OPEN_HERE.lock().push(buf.clone());
+            let overflow_desc = (info.rx_iov_limit() >= 2
+                && !crate::quirks::keeps_iov(&info.provider()))
+            .then(|| domain.overflow_desc())
+            .flatten();
             let shared = Arc::new(Endpoint {
                 av,
                 ep_fid: ep.cast(),
@@ -281,9 +287,8 @@ impl Endpoint {
                     && !crate::quirks::source_unreported(&info.provider()),
                 name: buf,
                 provider: info.provider(),
-                overflow: info.rx_iov_limit() >= 2
-                    && info.mr_mode() & sys::FI_MR_LOCAL as i32 == 0
-                    && !crate::quirks::keeps_iov(&info.provider()),
+                overflow: overflow_desc.is_some(),
+                overflow_desc: overflow_desc.map_or(0, |d| d as usize),
                 max_msg_size: info.max_msg_size(),
                 domain: domain.clone(),
                 close_after: Mutex::new(Vec::new()),

@@ -5,9 +5,20 @@
 
 use crate::error::{check, Error, Result};
 use crate::sys;
+use std::ffi::c_void;
 use std::ffi::{c_char, CStr, CString};
 use std::ptr;
-use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, OnceLock};
+
+/// Keys requested when the provider does not pick them (process-wide, never repeated: tcp,
+/// rxm and shm fail a repeated one with -FI_ENOKEY).
+static NEXT_KEY: AtomicU64 = AtomicU64::new(1);
+
+/// A memory registration key no other registration of this process asked for.
+pub fn unique_key() -> u64 {
+    NEXT_KEY.fetch_add(1, Ordering::Relaxed)
+}
 
 /// `FI_VERSION(major, minor)`.
 pub const fn fi_version(major: u32, minor: u32) -> u32 {
@@ -281,6 +292,21 @@ impl<'a> Info<'a> {
         }
         Ok(owned)
     }
+    /// A copy of this entry that says the caller passes a descriptor with every buffer
+    /// (`FI_MR_LOCAL` added to its mr_mode), where the provider did not ask for it.
+    pub fn with_local_mr(&self) -> Result<OwnedInfo> {
+        let owned = self.to_owned()?;
+        // SAFETY: the entry is the single one this OwnedInfo owns, with the domain_attr
+        // fi_dupinfo copied (non-null: fi_getinfo entries always carry one).
+        unsafe {
+            let attr = (*owned.list.head).domain_attr;
+            if attr.is_null() {
+                return Err(Error::Internal("an fi_info without domain_attr".into()));
+            }
+            (*attr).mr_mode |= sys::FI_MR_LOCAL as i32;
+        }
+        Ok(owned)
+    }
     /// A copy of this one entry that outlives the list.
     pub fn to_owned(&self) -> Result<OwnedInfo> {
         // SAFETY: fi_dupinfo deep-copies one fi_info (not its `next` chain) and returns NULL
@@ -344,7 +370,22 @@ pub struct Domain {
     /// Taken around each driver's turn on providers whose endpoints of one device must not
     /// make progress at the same time (`quirks::serial_progress`); siblings share it.
     pub turns: Arc<parking_lot::Mutex<()>>,
+    /// Whether the plugin claimed `FI_MR_LOCAL` where the provider did not ask for it (see
+    /// [`Domain::open_claiming_local_mr`]); siblings do too.
+    claimed_local_mr: bool,
+    /// The overflow area registered in this domain, once a receive needed its descriptor:
+    /// the registration and its descriptor (`None`: registering failed).
+    overflow: OnceLock<Option<(Registration, usize)>>,
     _fabric: Arc<Fabric>,
+}
+
+/// A registration the domain itself holds (closed before the domain).
+struct Registration(*mut sys::fid_mr);
+
+impl Drop for Registration {
+    fn drop(&mut self) {
+        close_fid("memory registration", self.0.cast());
+    }
 }
 
 // SAFETY: see Fabric.
@@ -354,13 +395,23 @@ unsafe impl Sync for Domain {}
 
 impl Domain {
     pub fn open(fabric: &Arc<Fabric>, info: Info<'_>) -> Result<Arc<Self>> {
-        Self::open_sharing(fabric, info, Arc::default())
+        Self::open_sharing(fabric, info, Arc::default(), false)
+    }
+
+    /// A domain whose buffers all come with descriptors although the provider did not ask
+    /// for them (`FI_MR_LOCAL` claimed, see `quirks::claim_local_mr`). Receives then
+    /// register the overflow area too, once per domain: only for providers whose
+    /// registrations pin nothing.
+    pub fn open_claiming_local_mr(fabric: &Arc<Fabric>, info: Info<'_>) -> Result<Arc<Self>> {
+        let claimed = info.with_local_mr()?;
+        Self::open_sharing(fabric, claimed.info(), Arc::default(), true)
     }
 
     fn open_sharing(
         fabric: &Arc<Fabric>,
         info: Info<'_>,
         turns: Arc<parking_lot::Mutex<()>>,
+        claimed_local_mr: bool,
     ) -> Result<Arc<Self>> {
         let info = info.to_owned()?;
         let mut raw = ptr::null_mut();
@@ -378,6 +429,8 @@ impl Domain {
             raw,
             info,
             turns,
+            claimed_local_mr,
+            overflow: OnceLock::new(),
             _fabric: fabric.clone(),
         }))
     }
@@ -389,7 +442,62 @@ impl Domain {
             true => Fabric::open(self.info.info())?,
             false => self._fabric.clone(),
         };
-        Self::open_sharing(&fabric, self.info.info(), self.turns.clone())
+        Self::open_sharing(
+            &fabric,
+            self.info.info(),
+            self.turns.clone(),
+            self.claimed_local_mr,
+        )
+    }
+    /// Whether the plugin claimed `FI_MR_LOCAL` on it: every buffer needs a descriptor.
+    pub fn claimed_local_mr(&self) -> bool {
+        self.claimed_local_mr
+    }
+    /// The descriptor that goes with the overflow area in this domain's receives: null
+    /// where the provider needs none, the area's registration where the plugin claimed
+    /// `FI_MR_LOCAL`; `None` where there is no area or the provider itself needs
+    /// descriptors (registering 2 GiB there could pin it).
+    pub fn overflow_desc(&self) -> Option<*mut c_void> {
+        let (area, len) = crate::overflow::whole()?;
+        if self.info.info().mr_mode() & sys::FI_MR_LOCAL as i32 == 0 {
+            return Some(ptr::null_mut());
+        }
+        if !self.claimed_local_mr {
+            return None;
+        }
+        let registered = self.overflow.get_or_init(|| {
+            let mut mr = ptr::null_mut();
+            // SAFETY: the domain is open; the area is mapped for the process's life; mr
+            // receives a new registration, closed (Registration's drop) before the domain.
+            let ret = unsafe {
+                sys::nccl_net_fabric_mr_reg(
+                    self.raw,
+                    area.cast(),
+                    len,
+                    (sys::FI_SEND | sys::FI_RECV) as u64,
+                    unique_key(),
+                    sys::FI_HMEM_SYSTEM as i32,
+                    0,
+                    &mut mr,
+                )
+            };
+            match check("fi_mr_regattr", ret) {
+                Ok(_) => {
+                    let reg = Registration(mr);
+                    // SAFETY: mr is open; the descriptor stays valid until it is closed.
+                    let desc = unsafe { sys::fi_mr_desc(mr) };
+                    Some((reg, desc as usize))
+                }
+                Err(e) => {
+                    tracing::warn!(
+                        "could not register the overflow area ({e}): a message larger than \
+                         its receive is left to the provider"
+                    );
+                    None
+                }
+            }
+        });
+        registered.as_ref().map(|(_, desc)| *desc as *mut c_void)
     }
     pub fn raw(&self) -> *mut sys::fid_domain {
         self.raw
@@ -402,6 +510,7 @@ impl Domain {
 
 impl Drop for Domain {
     fn drop(&mut self) {
+        drop(self.overflow.take());
         close_fid("domain", self.raw.cast());
     }
 }

@@ -10,16 +10,12 @@
 
 use crate::comm::{Comm, Descs, NO_DESCS};
 use crate::error::{check, Result};
-use crate::fabric::close_fid;
+use crate::fabric::{close_fid, unique_key};
 use crate::lane::Lane;
 use crate::sys;
 use std::ffi::c_void;
 use std::ptr;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
-
-/// Keys requested when the provider does not pick them (process-wide, never repeated).
-static NEXT_KEY: AtomicU64 = AtomicU64::new(1);
 
 /// Where a buffer lives.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -110,7 +106,7 @@ impl Registration {
         let key = if mr_mode & sys::FI_MR_PROV_KEY as i32 != 0 {
             0
         } else {
-            NEXT_KEY.fetch_add(1, Ordering::Relaxed)
+            unique_key()
         };
         let (iface, device) = match memory {
             Memory::Host => (sys::FI_HMEM_SYSTEM, 0),

@@ -42,6 +42,12 @@ fn area() -> Option<usize> {
     .map(|a| a.0)
 }
 
+/// The whole area (address and length), to register where a provider needs a descriptor
+/// for every buffer; `None` when there is no area.
+pub fn whole() -> Option<(*mut u8, usize)> {
+    area().map(|a| (a as *mut u8, LEN))
+}
+
 /// The area's address and how much of it a receive of `posted` bytes may use, given the
 /// provider's largest message; `None` when there is no area.
 pub fn for_receive(posted: usize, max_msg_size: usize) -> Option<(*mut u8, usize)> {

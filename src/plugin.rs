@@ -137,6 +137,15 @@ pub fn init() -> Result<Arc<Plugin>> {
     Ok(plugin)
 }
 
+/// A device's data domain: where rxm would otherwise register each long message itself,
+/// the plugin's own registrations serve (`quirks::claim_local_mr`).
+fn data_domain(fabric: &Arc<Fabric>, info: crate::fabric::Info<'_>) -> Result<Arc<Domain>> {
+    match crate::quirks::claim_local_mr(&info.provider()) {
+        true => Domain::open_claiming_local_mr(fabric, info),
+        false => Domain::open(fabric, info),
+    }
+}
+
 fn open_devices(
     mut settings: Settings,
     discovery: &Discovery,
@@ -176,13 +185,13 @@ fn open_devices(
         let (ci, mut described) = group[0].clone();
         let info = discovery.info(ci);
         let mut c = discovery.candidates[ci].clone();
-        let domain = Domain::open(&fabric_of(ci)?, info)?;
+        let domain = data_domain(&fabric_of(ci)?, info)?;
         // A device over several NICs: each NIC's domain, in the order its lanes take them.
         let mut rails = Vec::new();
         if group.len() > 1 {
             let mut nic_domains = vec![domain.clone()];
             for (cj, _) in &group[1..] {
-                nic_domains.push(Domain::open(&fabric_of(*cj)?, discovery.info(*cj))?);
+                nic_domains.push(data_domain(&fabric_of(*cj)?, discovery.info(*cj))?);
             }
             let speeds: Vec<u64> = group.iter().map(|(_, d)| d.speed_mbps).collect();
             let pattern = crate::nic::rail_pattern(&speeds);

@@ -101,6 +101,18 @@
 //!   checked. rxm puts its connection events (its EQ) under the CQ's wait object only with
 //!   manual data progress or atomics (`rxm_ep_wait_fd_add`), so sleeps are bounded either way
 //!   ([`wait_object_tells_all`], `progress`).
+//! - **rxm's own registrations of long sends**: unless the application says it passes a
+//!   descriptor with every buffer (`FI_MR_LOCAL`), rxm registers each rendezvous message's
+//!   buffer itself at the send (and the receive), and deregisters it when the peer has read
+//!   it. A send the peer never read (it died) keeps its registration after the endpoint
+//!   closed, the tcp domain then refuses to close (`fi_close`: EBUSY) and its sockets and
+//!   epoll fd stay open for the process's life (libfabric 1.17 and 2.1; ofiwg/libfabric
+//!   #12016, fixed by #12846 after 2.1); on 2.1 that deregistration, run by the thread that
+//!   closes the endpoint, was also where heaps were seen corrupted after faults. The plugin
+//!   registers every buffer it hands rxm anyway, so over `tcp;ofi_rxm` it claims
+//!   `FI_MR_LOCAL`: rxm then uses the plugin's registrations (and registers nothing per
+//!   message), and the overflow area is registered once per domain, which costs tcp nothing
+//!   (its registrations pin no memory) ([`claim_local_mr`]).
 
 use crate::error::Result;
 use crate::fabric::{Info, OwnedInfo};
@@ -187,6 +199,12 @@ pub fn domain_open_races_progress(provider: &str, version: u32) -> bool {
 /// Whether the provider offers `FI_SOURCE` but leaves completions without a source.
 pub fn source_unreported(provider: &str) -> bool {
     provider.contains("ofi_rxd")
+}
+
+/// Whether the plugin claims `FI_MR_LOCAL` on the provider's domains (see the list above):
+/// rxm over tcp, whose registrations pin nothing.
+pub fn claim_local_mr(provider: &str) -> bool {
+    provider == "tcp;ofi_rxm"
 }
 
 /// Whether the provider reads a receive's iovec array after the call returned (ucx hands

@@ -194,6 +194,11 @@ fn child_doomed_peer() {
 #[ignore = "child process of another test"]
 fn child_survivor() {
     let lib = init();
+    // The control endpoint opens with the first listen and stays: what is open then is what
+    // must be left after finalize.
+    let (_, first) = lib.listen(0).expect("listen");
+    lib.close_listen(first).expect("closeListen");
+    let fds = open_fds();
     let (send, recv, listen) = meet_peer(&lib, until(60.0), true);
     lib.close_listen(listen).expect("closeListen");
     let receiving = std::env::var("NFAB_DOOMED_SENDS").is_ok();
@@ -212,6 +217,14 @@ fn child_survivor() {
     lib.close_send(send).expect("closeSend");
     lib.close_recv(recv).expect("closeRecv");
     println!("RESULT close_ms={}", closing.elapsed().as_millis());
+    // Everything given back, the dead peer's operations included: endpoints that still hold
+    // operations close in the background within 2 s (the parent sets no linger).
+    lib.finalize().expect("finalize");
+    let released = until(4.0);
+    while open_fds() > fds && Instant::now() < released {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    println!("RESULT fds={fds}->{}", open_fds());
     println!("RESULT ok=1");
 }
 
@@ -377,6 +390,9 @@ fn peer_killed(case: &str, env: &[(String, String)], spawn: &Spawner) {
     let native_tcp = env
         .iter()
         .any(|(k, v)| k == "NCCL_FABRIC_PROVIDER" && v == "tcp");
+    let mut env = env.to_vec();
+    env.push(("NCCL_FABRIC_LANE_LINGER_MS".into(), "0".into()));
+    let env = &env[..];
     let mut survivor = spawn(0, "child_survivor", env);
     let mut doomed = spawn(1, "child_doomed_peer", env);
     let hs = survivor.read_result("handle");
@@ -431,6 +447,17 @@ fn peer_killed(case: &str, env: &[(String, String)], spawn: &Spawner) {
             f.stderr
         );
     }
+    // Nothing of the dead peer's is left open after finalize: rxm before the fix kept its
+    // own registrations of the sends the dead peer never read, and its domain then refused
+    // to close.
+    let fds = f.result("fds").expect("fds");
+    let (before, after) = fds.split_once("->").expect("a->b");
+    assert!(
+        after.parse::<usize>().unwrap() <= before.parse().unwrap()
+            && !f.stderr.contains("closing the domain failed"),
+        "{case}: left open after finalize: fds {fds}: {}",
+        f.stderr
+    );
     // The WARN says the peer is gone (liveness), or gives the provider's own text for the
     // failed operation.
     assert!(

@@ -383,14 +383,34 @@ pub(crate) unsafe extern "C" fn dereg_mr(comm: *mut c_void, mhandle: *mut c_void
     })
 }
 
-/// The descriptors of `mhandle` for an operation on `comm` (one per leg), and whether it is
-/// host memory.
+/// The descriptors of `mhandle` for an operation on `comm` of `len` bytes at `data` (one
+/// per leg), and whether it is host memory. Without an mhandle (NCCL always gives one; other
+/// callers may not) on a comm whose domains need descriptors, the comm registers the host
+/// buffer itself, once per address and length.
 ///
 /// # Safety
 /// `mhandle` must be NULL or a registration we returned.
-unsafe fn desc_of(comm: &Comm, mhandle: *mut c_void) -> Result<(Descs, bool)> {
+unsafe fn desc_of(
+    comm: &Comm,
+    mhandle: *mut c_void,
+    data: *mut c_void,
+    len: usize,
+) -> Result<(Descs, bool)> {
     if mhandle.is_null() {
-        return Ok((NO_DESCS, true));
+        if len == 0 || !comm.needs_descs() {
+            return Ok((NO_DESCS, true));
+        }
+        let reg = comm.adhoc(data as usize, len, || {
+            // SAFETY: only domains whose registrations pin nothing claim FI_MR_LOCAL
+            // (`quirks::claim_local_mr`: tcp), so a registration that outlives the buffer
+            // is only an entry in the provider's key map; while the buffer lives it is
+            // valid for `len` bytes (the caller's promise for the operation).
+            unsafe { MemoryRegion::register(comm, data, len, Memory::Host) }
+        })?;
+        let region = reg
+            .downcast_ref::<MemoryRegion>()
+            .ok_or_else(|| Error::Internal("a comm's own registration of another kind".into()))?;
+        return Ok((region.descs(), true));
     }
     // SAFETY: per the caller.
     match unsafe { opaque::borrow::<MemoryRegion>(mhandle)? } {
@@ -475,10 +495,12 @@ pub(crate) unsafe fn isend(
     // SAFETY: per the caller.
     let comm = unsafe { comm_for(send_comm, Direction::Send)? };
     // SAFETY: NCCL passes the mhandle regMr gave it, or NULL.
-    let (descs, host) = unsafe { desc_of(comm, mhandle)? };
+    let len = byte_count(size)?;
+    // SAFETY: NCCL passes the mhandle regMr gave it, or NULL.
+    let (descs, host) = unsafe { desc_of(comm, mhandle, data, len)? };
     let buf = Buffer {
         data,
-        len: byte_count(size)?,
+        len,
         descs,
         host,
         tag,
@@ -552,7 +574,7 @@ pub(crate) unsafe fn irecv(
             (len, if tags.is_null() { 0 } else { *tags.add(i) })
         };
         // SAFETY: NCCL passes the mhandles regMr gave it, or NULL.
-        let (descs, host) = unsafe { desc_of(comm, nth(mhandles, i))? };
+        let (descs, host) = unsafe { desc_of(comm, nth(mhandles, i), nth(data, i), len)? };
         *b = Buffer {
             data: nth(data, i),
             len,
