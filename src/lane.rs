@@ -521,7 +521,7 @@ impl LanePool {
             let mut slots = self.slots.lock();
             let (lanes, next) = &mut slots[role as usize];
             let c = &self.config;
-            let index = first_lane(*next, lanes.len(), c.flows, c.rails.len());
+            let index = first_lane(role, *next, lanes.len(), c.flows, c.rails.len());
             *next = next.wrapping_add(1);
             index
         };
@@ -789,15 +789,20 @@ pub fn flow_lane(role: Role, k: usize, flows: usize, lanes: usize) -> usize {
 /// first rail (see `LaneConfig::rails`). Where the lanes hold several whole sets of flows,
 /// consecutive comms start a set apart (0, 16, 1, 17, … for 32 lanes and 16 flows): their
 /// flows are then distinct connections, which a network that caps each one lets add up.
-/// Otherwise in turn.
-pub fn first_lane(n: usize, lanes: usize, flows: usize, rails: usize) -> usize {
+/// Where they hold one set, sending comms start in turn and receiving ones two lanes apart:
+/// the c-th comm between two ranks then pairs sending lane n + k with receiving lane 2n + k,
+/// so its flows are connections no earlier comm of theirs has (up to `lanes` comms), where
+/// starting both in turn gave every comm the same connections.
+pub fn first_lane(role: Role, n: usize, lanes: usize, flows: usize, rails: usize) -> usize {
     let lanes = lanes.max(1);
     if rails > 1 {
         return n.wrapping_mul(rails) % lanes;
     }
     let sets = lanes / flows.max(1);
-    match (sets, flows) {
-        (0 | 1, _) | (_, 0 | 1) => n % lanes,
+    match (sets, flows, role) {
+        (_, 0 | 1, _) => n % lanes,
+        (0 | 1, _, Role::Sending) => n % lanes,
+        (0 | 1, _, Role::Receiving) => n.wrapping_mul(2) % lanes,
         _ => ((n % sets) * flows + n / sets) % lanes,
     }
 }
@@ -836,13 +841,30 @@ mod tests {
     #[test]
     fn comms_start_a_set_of_flows_apart_where_the_lanes_hold_several_sets() {
         let starts = |lanes, flows, rails| -> Vec<usize> {
-            (0..6).map(|n| first_lane(n, lanes, flows, rails)).collect()
+            (0..6)
+                .map(|n| first_lane(Role::Sending, n, lanes, flows, rails))
+                .collect()
         };
         assert_eq!(
             starts(16, 16, 1),
             vec![0, 1, 2, 3, 4, 5],
             "one set: in turn"
         );
+        // One set: the c-th comm's flows are connections of its own (sending lane n + k to
+        // receiving lane 2n + k), for 16 comms on 16 lanes.
+        let mut pairs = std::collections::HashSet::new();
+        for c in 0..16 {
+            let (s, r) = (
+                first_lane(Role::Sending, c, 16, 16, 1),
+                first_lane(Role::Receiving, c, 16, 16, 1),
+            );
+            for k in 0..16 {
+                assert!(
+                    pairs.insert(((s + k) % 16, (r + k) % 16)),
+                    "comm {c} flow {k}"
+                );
+            }
+        }
         assert_eq!(
             starts(4, 1, 1),
             vec![0, 1, 2, 3, 0, 1],
@@ -854,8 +876,8 @@ mod tests {
         // Two comms that start one after the other share no lane.
         let lanes_of = |first: usize| (first..first + 16).map(|k| k % 32).collect::<Vec<_>>();
         let (a, b) = (
-            lanes_of(first_lane(0, 32, 16, 1)),
-            lanes_of(first_lane(1, 32, 16, 1)),
+            lanes_of(first_lane(Role::Receiving, 0, 32, 16, 1)),
+            lanes_of(first_lane(Role::Receiving, 1, 32, 16, 1)),
         );
         assert!(a.iter().all(|k| !b.contains(k)));
     }
