@@ -68,11 +68,31 @@ pub struct Buffer {
     pub len: usize,
     /// The registration's descriptor on each of the comm's flows, or NULLs.
     pub descs: Descs,
+    /// For a send on a comm whose domains claim `FI_MR_LOCAL`: its registration (see
+    /// [`Registered`]), read only while the send is posted.
+    pub starts: Option<*const dyn Registered>,
     /// Host memory (a receive into GPU memory gets no overflow area: providers may take
     /// every piece of a receive to be of the first piece's kind).
     pub host: bool,
     /// NCCL's tag: which send a buffer of a grouped receive takes.
     pub tag: i32,
+}
+
+/// A registration as a comm on domains that claim `FI_MR_LOCAL` uses it (see
+/// `quirks::claim_local_mr`). rxm over tcp, trusted with the plugin's descriptors, tells the
+/// peer to read a long message from offset 0 of the registration its descriptor names (tcp's
+/// registrations take offsets, not addresses), so a send that does not begin where its
+/// registration begins needs one that does; and the peer may still read a send after NCCL
+/// closed the comm and deregistered the buffer, so the comm keeps what its sends used until
+/// the provider has let go of them.
+pub trait Registered: Send + Sync {
+    /// The descriptor on each of the comm's flows.
+    fn descs(&self) -> Descs;
+    /// The descriptor, on flow `flow`, of a registration that begins at `addr` (inside this
+    /// one) and reaches to its end.
+    fn desc_at(&self, flow: usize, addr: *mut c_void) -> Result<*mut c_void>;
+    /// What keeps its registrations open (not its lanes: that ends with deregistration).
+    fn keep(&self) -> Keep;
 }
 
 const REQUEST_MAGIC: u64 = 0x4e46_4142_5245_5133; // "NFABREQ3"
@@ -186,9 +206,14 @@ pub struct Comm {
     refused_since: AtomicU64,
     /// Registrations the plugin made itself for buffers posted without an mhandle, where the
     /// domains need a descriptor with every buffer (see [`Comm::adhoc`]): by address and
-    /// length, kept while the comm lives.
-    adhoc: Mutex<Vec<(usize, usize, Keep)>>,
+    /// length, until the comm closes.
+    adhoc: Mutex<Vec<Adhoc>>,
+    /// The registrations its sends used (see [`Registered`]), kept while it lives.
+    kept: Mutex<Vec<Keep>>,
 }
+
+/// A registration a comm made itself: address, length, the registration.
+type Adhoc = (usize, usize, Arc<dyn Registered>);
 
 /// Something a comm keeps while it lives (a registration of a layer above).
 pub type Keep = Arc<dyn std::any::Any + Send + Sync>;
@@ -381,6 +406,7 @@ impl Comm {
             times: Default::default(),
             refused_since: AtomicU64::new(0),
             adhoc: Mutex::new(Vec::new()),
+            kept: Mutex::new(Vec::new()),
         });
         let me = Arc::as_ptr(&comm).cast_mut();
         for r in comm.requests.iter() {
@@ -428,12 +454,12 @@ impl Comm {
 
     /// The registration this comm made itself of `len` bytes at `data`, made now by
     /// `register` if there is none (at most [`MAX_ADHOC`]).
-    pub fn adhoc<T: std::any::Any + Send + Sync>(
+    pub fn adhoc(
         &self,
         data: usize,
         len: usize,
-        register: impl FnOnce() -> Result<T>,
-    ) -> Result<Keep> {
+        register: impl FnOnce() -> Result<Arc<dyn Registered>>,
+    ) -> Result<Arc<dyn Registered>> {
         let mut adhoc = self.adhoc.lock();
         if let Some((_, _, r)) = adhoc.iter().find(|(d, l, _)| (*d, *l) == (data, len)) {
             return Ok(r.clone());
@@ -444,9 +470,18 @@ impl Comm {
                  with regMr and pass their mhandles"
             )));
         }
-        let r: Keep = Arc::new(register()?);
+        let r = register()?;
         adhoc.push((data, len, r.clone()));
         Ok(r)
+    }
+
+    /// Keeps a registration a send used while this comm lives (once each).
+    fn keep(&self, r: Keep) {
+        let mut kept = self.kept.lock();
+        let same = |k: &Keep| std::ptr::addr_eq(Arc::as_ptr(k), Arc::as_ptr(&r));
+        if !kept.iter().any(same) {
+            kept.push(r);
+        }
     }
 
     /// How many flows it has.
@@ -572,7 +607,7 @@ impl Comm {
         let first = self.wires.first().expect("a comm has a flow");
         // The first operation of buffer `i`: a whole message or header for a send, the
         // receive over the whole buffer for a receive.
-        let first_of = |i: usize| {
+        let first_of = |i: usize, whole_desc: &dyn Fn(&Buffer) -> *mut c_void| {
             let (b, part) = (&bufs[i], &req.parts[i]);
             let (key, seq) = keys[i];
             let tag = first.tag(key, seq);
@@ -581,7 +616,7 @@ impl Comm {
                     None => Transfer::Send {
                         buf: b.data,
                         len: b.len,
-                        desc: b.descs[0],
+                        desc: whole_desc(b),
                         dest: first.addr,
                         tag,
                     },
@@ -641,7 +676,36 @@ impl Comm {
             part.pieces[..count].iter().for_each(Op::mark_queued);
             layouts[i] = layout;
         }
-        match self.lane().submit(first_of(0)) {
+        // A send's descriptors: of registrations beginning where the message and each of
+        // its pieces begin, where the comm's domains need that (see `Starts`).
+        let mut send_descs = [std::ptr::null_mut(); MAX_PIECES + 1];
+        if let (Direction::Send, Some(starts)) = (self.dir, bufs[0].starts) {
+            let (b, part) = (&bufs[0], &req.parts[0]);
+            let start = part.first.load(Ordering::Relaxed);
+            // SAFETY: per the caller, `starts` is the buffer's registration, alive while it
+            // is posted.
+            let starts = unsafe { &*starts };
+            self.keep(starts.keep());
+            let found = match layouts[0] {
+                None => starts.desc_at(0, b.data).map(|d| send_descs[0] = d),
+                Some(layout) => (0..layout.count).try_for_each(|j| {
+                    let (off, _) = span(b.len, layout, j);
+                    // SAFETY: `off` lies within the buffer (see `span`).
+                    let at = unsafe { b.data.cast::<u8>().add(off) }.cast();
+                    send_descs[j + 1] = starts.desc_at(self.wire_of(start, j), at)?;
+                    Ok(())
+                }),
+            };
+            if let Err(e) = found {
+                req.withdraw();
+                return Err(e);
+            }
+        }
+        let whole_desc = |b: &Buffer| match b.starts {
+            Some(_) => send_descs[0],
+            None => b.descs[0],
+        };
+        match self.lane().submit(first_of(0, &whole_desc)) {
             Ok(None) => {
                 for &(key, last) in &taken[..distinct] {
                     seqs.insert(key, last.wrapping_add(1));
@@ -654,7 +718,7 @@ impl Comm {
                     }
                 };
                 for i in 1..bufs.len() {
-                    hand(self.lane(), first_of(i));
+                    hand(self.lane(), first_of(i, &whole_desc));
                 }
                 if let (Some(layout), Direction::Send) = (layouts[0], self.dir) {
                     let (b, part) = (&bufs[0], &req.parts[0]);
@@ -673,7 +737,10 @@ impl Comm {
                                     // SAFETY: `off` lies within the buffer (see `span`).
                                     buf: unsafe { b.data.cast::<u8>().add(off) }.cast(),
                                     len,
-                                    desc: b.descs[k],
+                                    desc: match b.starts {
+                                        Some(_) => send_descs[j + 1],
+                                        None => b.descs[k],
+                                    },
                                     dest: wire.addr,
                                     tag: wire.lane.tags.piece(wire.tag(key, seq), j),
                                 },
@@ -756,10 +823,14 @@ impl Comm {
             wire.lane.retire_owner(owner_key(&owner), sink);
             wire.lane.release_user();
         }
-        // Its own registrations go now, as NCCL's go after it closes a comm: they must not
-        // keep the lanes open (as users) while the comm lives on for operations the lanes'
-        // closing will end. A peer still reading from one then fails, not this process.
-        drop(std::mem::take(&mut *self.adhoc.lock()));
+        // Its own registrations are deregistered now, as NCCL's are after it closes a comm:
+        // they must not keep the lanes in use while the comm lives on for operations that
+        // only the lanes' closing may end. What its sends used stays registered (kept) until
+        // the comm goes: a peer may still be reading a send.
+        let adhoc = std::mem::take(&mut *self.adhoc.lock());
+        for (_, _, r) in adhoc {
+            self.keep(r.keep());
+        }
     }
 
     /// For a request still in the provider's hands: one stall WARN when it waited past

@@ -154,8 +154,9 @@ impl Device {
                 &format!("{name} for dev {}", self.index),
                 self.candidate.names.as_ref().map(|n| n.shape.clone()),
             )?,
+            // The data domain, where its buffers need no registration.
             None => Control::open(
-                &self.domain,
+                &self.domain.unclaimed()?,
                 self.expected_answer,
                 self.liveness,
                 &self.candidate.domain,

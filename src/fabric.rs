@@ -293,8 +293,8 @@ impl<'a> Info<'a> {
         Ok(owned)
     }
     /// A copy of this entry that says the caller passes a descriptor with every buffer
-    /// (`FI_MR_LOCAL` added to its mr_mode), where the provider did not ask for it.
-    pub fn with_local_mr(&self) -> Result<OwnedInfo> {
+    /// (`FI_MR_LOCAL` added to its mr_mode, `local`), or does not.
+    pub fn with_local_mr(&self, local: bool) -> Result<OwnedInfo> {
         let owned = self.to_owned()?;
         // SAFETY: the entry is the single one this OwnedInfo owns, with the domain_attr
         // fi_dupinfo copied (non-null: fi_getinfo entries always carry one).
@@ -303,7 +303,10 @@ impl<'a> Info<'a> {
             if attr.is_null() {
                 return Err(Error::Internal("an fi_info without domain_attr".into()));
             }
-            (*attr).mr_mode |= sys::FI_MR_LOCAL as i32;
+            match local {
+                true => (*attr).mr_mode |= sys::FI_MR_LOCAL as i32,
+                false => (*attr).mr_mode &= !(sys::FI_MR_LOCAL as i32),
+            }
         }
         Ok(owned)
     }
@@ -403,8 +406,18 @@ impl Domain {
     /// register the overflow area too, once per domain: only for providers whose
     /// registrations pin nothing.
     pub fn open_claiming_local_mr(fabric: &Arc<Fabric>, info: Info<'_>) -> Result<Arc<Self>> {
-        let claimed = info.with_local_mr()?;
+        let claimed = info.with_local_mr(true)?;
         Self::open_sharing(fabric, claimed.info(), Arc::default(), true)
+    }
+
+    /// This domain, or where it claimed `FI_MR_LOCAL`, another of the same fabric and info
+    /// that does not: for endpoints whose buffers are not registered (control endpoints).
+    pub fn unclaimed(self: &Arc<Self>) -> Result<Arc<Self>> {
+        if !self.claimed_local_mr {
+            return Ok(self.clone());
+        }
+        let info = self.info.info().with_local_mr(false)?;
+        Self::open_sharing(&self._fabric, info.info(), self.turns.clone(), false)
     }
 
     fn open_sharing(

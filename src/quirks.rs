@@ -112,7 +112,12 @@
 //!   registers every buffer it hands rxm anyway, so over `tcp;ofi_rxm` it claims
 //!   `FI_MR_LOCAL`: rxm then uses the plugin's registrations (and registers nothing per
 //!   message), and the overflow area is registered once per domain, which costs tcp nothing
-//!   (its registrations pin no memory) ([`claim_local_mr`]).
+//!   (its registrations pin no memory) ([`claim_local_mr`]). rxm then tells the peer to read
+//!   a long message from offset 0 of the registration its descriptor names (tcp's
+//!   registrations take offsets, not addresses: `rxm_rndv_hdr_init`), so a send from inside
+//!   NCCL's buffer (a slot, a piece) would deliver the buffer's first bytes: each send gets
+//!   the descriptor of a registration beginning where it begins, made once per place and
+//!   kept with NCCL's registration (`comm::Starts`, `mr`).
 
 use crate::error::Result;
 use crate::fabric::{Info, OwnedInfo};

@@ -1710,3 +1710,75 @@ fn plugin_panics_are_told_from_test_panics() {
     .is_some());
     assert!(plugin_panicked("thread 'child' panicked at tests/datapath.rs:1:1:").is_none());
 }
+
+// ---------------------------------------------------------------------------------------
+// NCCL's buffers: one registration, messages sent from and received into its slots.
+
+#[test]
+#[ignore = "child process of another test"]
+fn child_slots_of_one_registration() {
+    let lib = init();
+    let until = deadline(60);
+    let (send, recv) = lib.connect_pair(0, until).expect("connect_pair");
+    // As NCCL's 4 MiB buffers: 8 slots of 512 KiB (a message in pieces) and, at another
+    // size, messages that do not begin at a piece boundary of the registration.
+    for (len, stride) in [
+        (512 << 10, 512 << 10),
+        (300_000, 300_000),
+        (1 << 20, 1 << 20),
+    ] {
+        let slots = 8;
+        let mut out = vec![0u8; slots * stride];
+        let mut into = vec![0u8; slots * stride];
+        // SAFETY: both buffers outlive their registrations, deregistered below.
+        let (smr, rmr) = unsafe {
+            (
+                lib.reg_mr(send, out.as_mut_ptr().cast(), out.len(), PTR_HOST)
+                    .expect("regMr"),
+                lib.reg_mr(recv, into.as_mut_ptr().cast(), into.len(), PTR_HOST)
+                    .expect("regMr"),
+            )
+        };
+        for round in 0..3 {
+            let mut reqs = Vec::new();
+            for slot in 0..slots {
+                let i = round * slots + slot;
+                out[slot * stride..slot * stride + len].copy_from_slice(&pattern(i, len));
+                // SAFETY: each slot is touched again only after both requests completed.
+                unsafe {
+                    let at = into.as_mut_ptr().add(slot * stride).cast();
+                    let r = lib
+                        .irecv_until(recv, at, len as i32, rmr, until)
+                        .expect("irecv");
+                    let from = out.as_mut_ptr().add(slot * stride).cast();
+                    let s = lib
+                        .isend_until(send, from, len as i32, smr, until)
+                        .expect("isend");
+                    reqs.push((r, s));
+                }
+            }
+            for (slot, (r, s)) in reqs.into_iter().enumerate() {
+                assert_eq!(lib.wait(r, until).expect("receive"), len as i32);
+                lib.wait(s, until).expect("send");
+                let i = round * slots + slot;
+                assert!(
+                    into[slot * stride..slot * stride + len] == pattern(i, len)[..],
+                    "message {i} of {len} bytes, slot {slot}, differs"
+                );
+            }
+        }
+        lib.dereg_mr(send, smr).expect("deregMr");
+        lib.dereg_mr(recv, rmr).expect("deregMr");
+    }
+    lib.close_send(send).expect("closeSend");
+    lib.close_recv(recv).expect("closeRecv");
+    println!("RESULT ok=1");
+}
+
+/// Messages sent from and received into slots of one registration, as NCCL's are, arrive
+/// whole, pieces included (over rxm, a long message is read from where its descriptor's
+/// registration begins: a send from the middle of one needs its own, see `mr`).
+#[test]
+fn slots_of_one_registration_carry_their_own_messages() {
+    for_each_provider("child_slots_of_one_registration", &[]);
+}

@@ -447,13 +447,14 @@ fn peer_killed(case: &str, env: &[(String, String)], spawn: &Spawner) {
             f.stderr
         );
     }
-    // Nothing of the dead peer's is left open after finalize: rxm before the fix kept its
-    // own registrations of the sends the dead peer never read, and its domain then refused
-    // to close.
+    // Nothing of the dead peer's is left open after finalize but the control endpoint's
+    // connection to it (that endpoint stays for the next init): rxm kept its own
+    // registrations of the sends the dead peer never read, and its domain then refused to
+    // close, with its sockets and epoll set (9 fds).
     let fds = f.result("fds").expect("fds");
     let (before, after) = fds.split_once("->").expect("a->b");
     assert!(
-        after.parse::<usize>().unwrap() <= before.parse().unwrap()
+        after.parse::<usize>().unwrap() <= before.parse::<usize>().unwrap() + 1
             && !f.stderr.contains("closing the domain failed"),
         "{case}: left open after finalize: fds {fds}: {}",
         f.stderr

@@ -11,13 +11,12 @@
 //!
 //! Over `tcp;ofi_rxm`, and native `tcp` where libfabric has it (>= 1.18).
 //!
-//! Runs only with `NFAB_SCALE_HOSTS` set (4 or more hosts): on 4 hosts it still fails.
-//! After the killed host and the cut link, closing a lane's domain answers EBUSY ("closing
-//! the domain failed: … Device or resource busy") and sockets stay open after finalize
-//! (1.17: 3, 2.1: 9 to 12); on 2.1 a rank at times corrupts its heap after the faults
-//! ("malloc(): unsorted double linked list corrupted", or a hang in UCX's signal handler
-//! that caught the crash), with rxm finishing a rendezvous send (`rxm_rndv_tx_finish` ->
-//! `ofi_mr_close`) on the control thread.
+//! 4 hosts in the suite, `NFAB_SCALE_HOSTS` more: 16 hosts are 16 ranks of a few threads
+//! each, more than CI's 2 cores carry within the fault deadlines. Left open after
+//! finalize may be only the control endpoint's own connections (it stays for the next init),
+//! at most one per peer; before `tcp;ofi_rxm` domains claimed `FI_MR_LOCAL` (see
+//! `quirks::claim_local_mr`), rxm's registrations of sends a dead peer never read kept the
+//! lanes' domains from closing (EBUSY), 9 to 12 fds per rank on 2.1.
 
 mod common;
 
@@ -320,14 +319,11 @@ fn number(f: &Finished, key: &str) -> u128 {
 
 #[test]
 fn many_hosts_connect_all_to_all_and_survive_a_killed_host_and_a_cut_link() {
-    // Behind a switch until what it found is fixed (see the module's note).
-    let Some(n) = std::env::var("NFAB_SCALE_HOSTS")
+    // 4 hosts in the suite; NFAB_SCALE_HOSTS=8 or 16 where the cores carry them.
+    let n = std::env::var("NFAB_SCALE_HOSTS")
         .ok()
         .and_then(|v| v.parse::<usize>().ok())
-    else {
-        eprintln!("SKIPPED: set NFAB_SCALE_HOSTS (8, 16) to run the many-hosts test");
-        return;
-    };
+        .unwrap_or(4);
     if !hosts_or_skip() {
         return;
     }

@@ -18,7 +18,7 @@ pub mod v7;
 pub mod v8;
 pub mod v9;
 
-use crate::comm::{Buffer, Comm, Descs, Direction, Request, MAX_RECVS, NO_DESCS};
+use crate::comm::{Buffer, Comm, Descs, Direction, Registered, Request, MAX_RECVS, NO_DESCS};
 use crate::connection::{self, ListenComm};
 use crate::device::Properties;
 use crate::error::{Error, Result};
@@ -384,9 +384,10 @@ pub(crate) unsafe extern "C" fn dereg_mr(comm: *mut c_void, mhandle: *mut c_void
 }
 
 /// The descriptors of `mhandle` for an operation on `comm` of `len` bytes at `data` (one
-/// per leg), and whether it is host memory. Without an mhandle (NCCL always gives one; other
-/// callers may not) on a comm whose domains need descriptors, the comm registers the host
-/// buffer itself, once per address and length.
+/// per leg), whether it is host memory, and where the comm's domains claim `FI_MR_LOCAL`
+/// the registration itself (see `comm::Registered`). Without an mhandle (NCCL always gives
+/// one; other callers may not) on such a comm, the comm registers the host buffer itself,
+/// once per address and length.
 ///
 /// # Safety
 /// `mhandle` must be NULL or a registration we returned.
@@ -395,26 +396,31 @@ unsafe fn desc_of(
     mhandle: *mut c_void,
     data: *mut c_void,
     len: usize,
-) -> Result<(Descs, bool)> {
+) -> Result<(Descs, bool, Option<*const dyn Registered>)> {
+    let needs = comm.needs_descs();
     if mhandle.is_null() {
-        if len == 0 || !comm.needs_descs() {
-            return Ok((NO_DESCS, true));
+        if len == 0 || !needs {
+            return Ok((NO_DESCS, true, None));
         }
-        let reg = comm.adhoc(data as usize, len, || {
+        let region = comm.adhoc(data as usize, len, || {
             // SAFETY: only domains whose registrations pin nothing claim FI_MR_LOCAL
             // (`quirks::claim_local_mr`: tcp), so a registration that outlives the buffer
             // is only an entry in the provider's key map; while the buffer lives it is
             // valid for `len` bytes (the caller's promise for the operation).
-            unsafe { MemoryRegion::register(comm, data, len, Memory::Host) }
+            let r = unsafe { MemoryRegion::register(comm, data, len, Memory::Host)? };
+            Ok(Arc::new(r) as Arc<dyn Registered>)
         })?;
-        let region = reg
-            .downcast_ref::<MemoryRegion>()
-            .ok_or_else(|| Error::Internal("a comm's own registration of another kind".into()))?;
-        return Ok((region.descs(), true));
+        // The comm holds the registration until it closes, past this operation's posting.
+        let at = Arc::as_ptr(&region);
+        return Ok((region.descs(), true, Some(at)));
     }
     // SAFETY: per the caller.
     match unsafe { opaque::borrow::<MemoryRegion>(mhandle)? } {
-        region if region.fits(comm) => Ok((region.descs(), region.memory == Memory::Host)),
+        region if region.fits(comm) => Ok((
+            region.descs(),
+            region.memory == Memory::Host,
+            needs.then_some(region as &dyn Registered as *const dyn Registered),
+        )),
         _ => Err(Error::InvalidArgument(
             "the mhandle was registered on another comm (each comm's endpoints have \
              libfabric domains of their own): register the buffer with regMr on the comm \
@@ -497,11 +503,12 @@ pub(crate) unsafe fn isend(
     // SAFETY: NCCL passes the mhandle regMr gave it, or NULL.
     let len = byte_count(size)?;
     // SAFETY: NCCL passes the mhandle regMr gave it, or NULL.
-    let (descs, host) = unsafe { desc_of(comm, mhandle, data, len)? };
+    let (descs, host, starts) = unsafe { desc_of(comm, mhandle, data, len)? };
     let buf = Buffer {
         data,
         len,
         descs,
+        starts,
         host,
         tag,
     };
@@ -545,6 +552,7 @@ pub(crate) unsafe fn irecv(
         data: std::ptr::null_mut(),
         len: 0,
         descs: NO_DESCS,
+        starts: None,
         host: true,
         tag: 0,
     }; MAX_RECVS];
@@ -573,12 +581,14 @@ pub(crate) unsafe fn irecv(
             };
             (len, if tags.is_null() { 0 } else { *tags.add(i) })
         };
-        // SAFETY: NCCL passes the mhandles regMr gave it, or NULL.
-        let (descs, host) = unsafe { desc_of(comm, nth(mhandles, i), nth(data, i), len)? };
+        // SAFETY: NCCL passes the mhandles regMr gave it, or NULL. A receive's registration
+        // may begin anywhere: only sends name where the peer reads.
+        let (descs, host, _) = unsafe { desc_of(comm, nth(mhandles, i), nth(data, i), len)? };
         *b = Buffer {
             data: nth(data, i),
             len,
             descs,
+            starts: None,
             host,
             tag,
         };
