@@ -6,7 +6,9 @@
 #                                                    (in fabtests/ too)
 #   .scratch/gpu-in/perf.tar.xz  this machine's perf with the libraries it loads (glibc's aside),
 #                                for the threads stage on GPU machines without perf (if installed)
-#   .scratch/gpu-in/tc.tar.xz    the same of tc, for the capped stage
+#   .scratch/gpu-in/tc.tar.xz    the same of tc, for the capped stage, and ip.tar.xz of ip,
+#                                for the scale stage
+#   .scratch/gpu-in/scale/       tests/scale.rs built for release, with the plugin beside it
 # nccl-tests is not made here: put a copy of NVIDIA/nccl-tests in .scratch/gpu-in/nccl-tests
 # (git-ignored, never committed); the nccltests stage of scripts/gpu/run.sh builds it there.
 # Likewise for the steps stage: ext-profiler/example of NVIDIA/nccl as
@@ -21,6 +23,16 @@ prefix=$(bash scripts/build-libfabric.sh)
 LIBFABRIC_DIR=$prefix CARGO_TARGET_DIR=target/libfabric-2.1-build cargo build --release --quiet
 cp target/libfabric-2.1-build/release/libnccl_net_fabric.so \
    target/libfabric-2.1-build/release/nccl-net-fabric "$out/plugin/"
+mkdir -p "$out/scale"
+scale=$(LIBFABRIC_DIR=$prefix CARGO_TARGET_DIR=target/libfabric-2.1-build \
+  cargo test --release --test scale --no-run --message-format=json 2>/dev/null \
+  | python3 -c 'import json,sys
+for l in sys.stdin:
+    m = json.loads(l)
+    if m.get("target", {}).get("name") == "scale" and m.get("executable"):
+        print(m["executable"])')
+cp "$scale" "$out/scale/scale"
+cp target/libfabric-2.1-build/release/libnccl_net_fabric.so "$out/scale/"
 
 tree=$(mktemp -d)
 mkdir -p "$tree/libfabric-2.1.0"
@@ -49,4 +61,5 @@ bundle() {
 }
 bundle perf
 bundle tc
+bundle ip
 echo "prepared $out (carry it to the GPU machine and run scripts/gpu/run.sh there)"

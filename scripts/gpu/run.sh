@@ -85,6 +85,10 @@
 #                (scripts/gpu/capflows.py; the kernel there has no fq), removed afterwards;
 #                $CAPPED_TEST (all_reduce_perf), Socket as shipped, 4x4, 2x8 and the plugin
 #                ($HOSTS_FABRIC_VARIANTS as in hosts, default none)
+#   scale        tests/scale.rs on this machine's cores: $SCALE_HOSTS (default "16 8")
+#                network-namespace hosts all to all, a host killed and a link cut; the test's
+#                release build and the plugin beside it in $SCALE_DIR (scripts/gpu/prepare.sh),
+#                iproute2's ip from $IP_TARBALL where the machine has none
 #   targets      what the performance targets compare, two ranks as two hosts, as much as fits in
 #                $TARGETS_BUDGET seconds of the script (default 540; what does not fit is named
 #                in the summary): all_reduce_perf -b 8 -e 1G (Socket as shipped, 4x4, 2x8, the
@@ -1019,6 +1023,18 @@ stage_capped() {
   kill $watcher 2>/dev/null
   echo "- capped: every TCP connection on lo at most $rate (an HTB class each, made within 100 ms of its start by scripts/gpu/capflows.py); $(tc class show dev lo | grep -c 'class htb') classes" >>"$summary"
   tc qdisc del dev lo root 2>>"$OUT/logs/capped-tc.log"
+}
+
+stage_scale() {
+  local dir=${SCALE_DIR:-$in/scale} n
+  [ -x "$dir/scale" ] || { log "no scale test in $dir"; return 1; }
+  tool_setup ip "${IP_TARBALL:-$in/ip.tar.xz}"
+  for n in ${SCALE_HOSTS:-16 8}; do
+    LD_LIBRARY_PATH=$lf/lib NFAB_SCALE_HOSTS=$n timeout "$TIMEOUT" "$dir/scale" --exact \
+      many_hosts_connect_all_to_all_and_survive_a_killed_host_and_a_cut_link --nocapture \
+      >"$OUT/logs/scale$n.log" 2>&1
+    echo "- scale, $n hosts: rc $? $(grep -E '^(tcp|SKIPPED)' "$OUT/logs/scale$n.log" | cut -c1-300 | tr '\n' ' ')" >>"$summary"
+  done
 }
 
 stage_targets() {
