@@ -4,7 +4,7 @@
 #   /usr/lib/<triplet>/libnccl-net-fabric.so   NCCL_NET_PLUGIN=fabric
 #   /usr/lib/<triplet>/libnccl-net.so          the default name NCCL tries, and LD_PRELOAD's
 #   /usr/bin/nccl-net-fabric                   doctor [--selftest] / demo / settings
-#   /usr/share/doc/nccl-net-fabric/            README.md, copyright
+#   /usr/share/doc/nccl-net-fabric/            README.md, docs/, copyright
 # and depends on the libfabric1 it was built against (that version or newer).
 # Usage: scripts/package-deb.sh [OUTDIR]   (default target/debian)
 set -euo pipefail
@@ -33,6 +33,8 @@ install -m 0644 "$target/release/libnccl_net_fabric.so" "$root/usr/lib/$triplet/
 ln -s libnccl-net-fabric.so "$root/usr/lib/$triplet/libnccl-net.so"
 install -m 0755 "$target/release/nccl-net-fabric" "$root/usr/bin/nccl-net-fabric"
 install -m 0644 README.md "$root/usr/share/doc/nccl-net-fabric/README.md"
+install -d "$root/usr/share/doc/nccl-net-fabric/docs"
+install -m 0644 docs/*.md "$root/usr/share/doc/nccl-net-fabric/docs/"
 license=$(sed -n 's/^license = "\(.*\)"/\1/p' Cargo.toml | head -n1)
 printf 'nccl-net-fabric\nLicense: %s\n' "$license" >"$root/usr/share/doc/nccl-net-fabric/copyright"
 size=$(du -sk "$root/usr" | cut -f1)

@@ -844,7 +844,7 @@ impl Station {
             tracing::warn!(
                 "control endpoint {} dropped a message: {what}{}. Another program, or a \
                  rank of an earlier job, is sending to this process: if this repeats, restrict \
-                 the interfaces with NCCL_FABRIC_DOMAINS (see the README, Security model)",
+                 the interfaces with NCCL_FABRIC_DOMAINS (see docs/faults.md, Security model)",
                 crate::fabric::address_text(&self.control.address),
                 match held {
                     0 => String::new(),

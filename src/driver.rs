@@ -642,7 +642,7 @@ impl Driver {
             tracing::warn!(
                 "{}: dropped a message of {len} bytes from an endpoint that is not the comm's \
                  peer (fi_addr {src:#x}){}; the receive waits for its peer. Something other \
-                 than this job's ranks is sending here: see the README, Security model",
+                 than this job's ranks is sending here: see docs/faults.md, Security model",
                 self.label,
                 match held {
                     0 => String::new(),

@@ -41,7 +41,7 @@
 //!   a sender that disconnected, reuses the freed connection for the next peer, and reports
 //!   that peer as their source: a stranger that relayed a handshake, sent with the comm's tags
 //!   and left can have a directed receive return its bytes, and the source check cannot see
-//!   it (reproduced with raw libfabric; 2.1 is not affected). Said in `doctor` and the README's
+//!   it (reproduced with raw libfabric; 2.1 is not affected). Said in `doctor` and docs/faults.md's
 //!   security model ([`stale_source_after_reconnect`]).
 //! - **Shared shm endpoints progressing at once**: with libfabric 1.17 shm, endpoints of one
 //!   device shared by several comms (`NCCL_FABRIC_ENDPOINTS=device`), each driven by its own
@@ -184,7 +184,7 @@ pub fn stale_source_after_reconnect(provider: &str, version: u32) -> Option<&'st
         "its source reports cannot be trusted after a reconnect: a sender that watched or \
          relayed the handshake, sent with a comm's tags and disconnected can have a receive \
          return its bytes (seen with libfabric 1.17; 2.1 is not affected). Use libfabric 2.1 \
-         where strangers can reach the job's network (README, Security model)",
+         where strangers can reach the job's network (docs/faults.md, Security model)",
     )
 }
 

@@ -1,6 +1,6 @@
 //! Every `NCCL_FABRIC_*` environment variable, in one declarative table, parsed once.
 //!
-//! The README's settings table is generated from [`TABLE`] (`nccl-net-fabric settings`) and a
+//! docs/settings.md's table is generated from [`TABLE`] (`nccl-net-fabric settings`) and a
 //! test checks the two agree.
 
 use crate::error::{Error, Result};
@@ -727,7 +727,7 @@ pub fn matches_pattern(pattern: &str, name: &str) -> bool {
     }
 }
 
-/// The README's settings table, in Markdown.
+/// docs/settings.md's table, in Markdown.
 pub fn markdown_table() -> String {
     let mut out =
         String::from("| variable | values | default | meaning |\n| --- | --- | --- | --- |\n");

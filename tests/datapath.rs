@@ -1500,7 +1500,7 @@ fn child_close_in_flight() {
                     .expect("closeSend with sends in flight");
             }
         }
-        // Closes never wait (README): ten times the 50 ms it states for eight comms.
+        // Closes never wait (docs/faults.md): ten times the 50 ms it states for eight comms.
         assert!(
             started.elapsed() <= scaled(0.5),
             "closing took {:?}",

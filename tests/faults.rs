@@ -293,7 +293,7 @@ fn child_broken_queue() {
     println!("RESULT ok=1");
 }
 
-/// README's row "the provider's completion queue fails": a rank whose completion queues
+/// docs/faults.md's row "the provider's completion queue fails": a rank whose completion queues
 /// start failing (`fi_cq_read` itself returns an error, made so by a preloaded library that
 /// wraps the provider's queue) reports `ncclRemoteError` on every comm at once, with a WARN.
 #[test]
@@ -418,7 +418,7 @@ fn peer_killed(case: &str, env: &[(String, String)], spawn: &Spawner) {
     eprintln!("{case}: {line}, close {:?} ms", f.result("close_ms"));
     let code: i32 = line.split_whitespace().next().unwrap().parse().unwrap();
     assert_eq!(code, NcclResult::RemoteError as i32, "{case}: {line}");
-    // README: 1.5 s where the peer's kernel refuses connections to its address (two
+    // docs/faults.md: 1.5 s where the peer's kernel refuses connections to its address (two
     // quarters of the 3 s timeout: a probe, then the refusal), 3.75 s (a quarter and the
     // whole timeout) where nothing answers at all, at once when the provider reports the
     // broken connection itself; 1 s of slack.
@@ -432,7 +432,7 @@ fn peer_killed(case: &str, env: &[(String, String)], spawn: &Spawner) {
         "{case}: reported after {ms} ms"
     );
     if native_tcp && !survivor_receives {
-        // README's row "the provider fails an operation": native tcp fails the send itself
+        // docs/faults.md's row "the provider fails an operation": native tcp fails the send itself
         // once the dead peer's kernel resets the connection an operation is on, and the WARN
         // carries the provider's own text and codes. Where no operation was on it (a
         // message's pieces take the flows in turn), the provider drops the connection and
@@ -1063,7 +1063,7 @@ fn closing_comms_with_unreceived_sends_is_prompt_and_released_after_finalize() {
                 f.result("fds")
             );
             let ms: u64 = f.result("close_all_ms").unwrap().parse().unwrap();
-            // README: under 50 ms in all; ten times that for a loaded 2-core machine. Not
+            // docs/faults.md: under 50 ms in all; ten times that for a loaded 2-core machine. Not
             // under valgrind, whose one lock the spinning progress threads hold most of the
             // time (30 s seen): there the test looks for bad accesses only.
             assert!(

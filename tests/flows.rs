@@ -675,7 +675,7 @@ fn a_cut_flow_fails_the_comm_at_both_ends() {
             |hosts, flows| {
                 assert_eq!(flows.len(), 4, "over {p}: connections of the warm-up");
                 hosts.cap_flows(0, flows, &[10_000]);
-                // Not the first flow (whole messages and headers): see the README.
+                // Not the first flow (whole messages and headers): see docs/design.md.
                 hosts.cut_flow(0, 2);
             },
             |_, _| (),

@@ -432,7 +432,7 @@ fn a_stranger_cannot_reach_a_comm_or_take_a_listen_comm() {
 
 /// A stranger that relays the handshake, sends with the comm's tags and disconnects before
 /// the real sender's first message: the receive returns only the real sender's messages,
-/// except on a provider `quirks::stale_source_after_reconnect` names (README, Security
+/// except on a provider `quirks::stale_source_after_reconnect` names (docs/faults.md, Security
 /// model), where the test reports what arrived.
 #[test]
 fn a_stranger_that_relayed_the_handshake_and_left_does_not_reach_a_receive() {
@@ -542,7 +542,7 @@ fn damaged_handles_are_refused_at_once() {
             "{p}: {} damaged handles refused, slowest after {slowest} ms",
             f.stdout.matches("RESULT case=").count(),
         );
-        // README: "at once" (each under 1 ms measured): no wait on the network at all;
+        // docs/faults.md: "at once" (each under 1 ms measured): no wait on the network at all;
         // 200 ms leaves room for a loaded 2-core machine, not for a timeout.
         assert!(
             slowest <= scaled(0.2).as_millis(),
@@ -589,7 +589,7 @@ fn a_handle_naming_a_closed_port_fails_early() {
         let ms: u64 = f.result("after_ms").unwrap().parse().unwrap();
         eprintln!("{p}: a connect to a closed port failed with {code} after {ms} ms");
         assert_eq!(code, NcclResult::RemoteError as i32, "{p}");
-        // README: ~1 s (the check of a connect whose CONNECT waited a second), with the
+        // docs/faults.md: ~1 s (the check of a connect whose CONNECT waited a second), with the
         // same slack as the tests across hosts.
         assert!(
             u128::from(ms) <= scaled(2.5).as_millis(),

@@ -290,11 +290,11 @@ fn child_before_init() {
 }
 
 #[test]
-fn readme_settings_table_matches_the_code() {
-    let readme = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/README.md"))
-        .expect("README.md");
+fn settings_doc_table_matches_the_code() {
+    let doc = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/docs/settings.md"))
+        .expect("docs/settings.md");
     let table = nccl_net_fabric::settings::markdown_table();
-    assert!(readme.contains(&table), "README's settings table is out of date: regenerate it with `scripts/update-readme-settings.sh`\n{table}");
+    assert!(doc.contains(&table), "docs/settings.md's table is out of date: regenerate it with `scripts/update-settings-doc.sh`\n{table}");
 }
 
 /// Child: the v11 table as NCCL 2.28 drives it: init per communicator with a context,

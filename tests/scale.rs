@@ -7,7 +7,7 @@
 //! whole and verified; the killed host is reported by every peer within 5 s, the cut link by
 //! every peer (and the cut host itself) within the fault deadline, and every other pair keeps
 //! streaming; file descriptors all given back at finalize. Printed: the connect time, and the
-//! memory and file descriptors each peer costs (the figures in README's "Scale" part).
+//! memory and file descriptors each peer costs (the figures in docs/testing.md's many-hosts part).
 //!
 //! Over `tcp;ofi_rxm`, and native `tcp` where libfabric has it (>= 1.18).
 //!

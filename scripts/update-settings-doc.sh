@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Rewrites the README's settings table from the code's settings table
+# Rewrites docs/settings.md's table from the code's settings table
 # (`nccl-net-fabric settings --markdown`); tests/loading.rs checks the two agree.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -8,9 +8,9 @@ table=$(target/debug/nccl-net-fabric settings --markdown)
 python3 - "$table" <<'PY'
 import sys
 table = sys.argv[1] + "\n"
-text = open("README.md").read()
+text = open("docs/settings.md").read()
 start = text.index("| variable | values | default | meaning |")
 end = text.find("\n\n", start)
 end = len(text) if end < 0 else end + 1
-open("README.md", "w").write(text[:start] + table + text[end:])
+open("docs/settings.md", "w").write(text[:start] + table + text[end:])
 PY
