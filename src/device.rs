@@ -120,6 +120,10 @@ impl Device {
                 .pci_path
                 .as_ref()
                 .map(|p| p.to_string_lossy().into_owned()),
+            crate::quirks::stages_gpu_memory(
+                &candidate.provider,
+                crate::nic::Sysfs::default().has_rdma_devices(),
+            ),
         );
         Device {
             buffers,

@@ -109,6 +109,7 @@ pub fn prediction(
     dev: usize,
     nic: Option<&Path>,
     offered: bool,
+    staged: Option<&str>,
     env: impl Fn(&str) -> Option<String>,
 ) -> String {
     let gpu_name = gpu
@@ -122,6 +123,13 @@ pub fn prediction(
     );
     if !offered {
         return format!("{head}: host buffers (the plugin offers no GPU buffers on this device)");
+    }
+    if let Some(why) = staged {
+        let nccl = match path <= level {
+            true => "NCCL passes GPU buffers, although host buffers are faster here",
+            false => "NCCL uses host buffers, the faster path here",
+        };
+        return format!("{head}: {nccl}: {why}");
     }
     if path <= level {
         format!(
@@ -143,6 +151,9 @@ pub struct BufferReport {
     offered: bool,
     /// The device's pciPath as NCCL got it (None: NULL).
     pci_path: Option<String>,
+    /// Why host buffers are the faster path on this device, if they are
+    /// (`quirks::stages_gpu_memory`): then no advice to make NCCL pass GPU buffers.
+    staged: Option<&'static str>,
     sent: [AtomicBool; 2],
 }
 
@@ -154,10 +165,16 @@ pub enum Side {
 }
 
 impl BufferReport {
-    pub fn new(dev: usize, offered: bool, pci_path: Option<String>) -> Self {
+    pub fn new(
+        dev: usize,
+        offered: bool,
+        pci_path: Option<String>,
+        staged: Option<&'static str>,
+    ) -> Self {
         BufferReport {
             dev,
             offered,
+            staged,
             pci_path,
             sent: [AtomicBool::new(false), AtomicBool::new(false)],
         }
@@ -180,6 +197,13 @@ impl BufferReport {
         };
         if kind == nccl::PTR_CUDA {
             return format!("NCCL passes GPU buffers on dev {dev} ({which})");
+        }
+        if let Some(why) = self.staged {
+            return format!(
+                "NCCL uses host buffers on dev {dev} ({which}), the faster path here: {why}; \
+                 leave NCCL_NET_GDR_LEVEL as it is (SYS makes NCCL pass GPU buffers, to test \
+                 that path only)"
+            );
         }
         let (_, level) = level_in_force(&env);
         // As `path_type`: a path that does not end in a PCI function (a virtio NIC) is no
@@ -268,21 +292,39 @@ mod tests {
             PathType::Sys
         );
         assert_eq!(path_type(&gpu, None), PathType::Sys);
-        let v = prediction(&gpu, 0, None, true, none);
+        let v = prediction(&gpu, 0, None, true, None, none);
         assert!(
             v.contains("path SYS") && v.contains("NCCL uses host buffers"),
             "{v}"
         );
         assert!(v.contains("NCCL_NET_GDR_LEVEL=SYS would"), "{v}");
         let sys = |k: &str| (k == "NCCL_NET_GDR_LEVEL").then(|| "SYS".to_string());
-        assert!(prediction(&gpu, 0, None, true, sys).contains("NCCL passes GPU buffers"));
+        assert!(prediction(&gpu, 0, None, true, None, sys).contains("NCCL passes GPU buffers"));
+        assert!(prediction(&gpu, 0, Some(&other_port), true, None, none)
+            .contains("NCCL passes GPU buffers"));
+        assert!(prediction(&gpu, 0, Some(&other_port), false, None, none)
+            .contains("offers no GPU buffers"));
+        // Where the provider stages GPU memory through host copies, no advice towards GPU
+        // buffers: host buffers are the faster path.
+        let staged = prediction(&gpu, 0, None, true, Some("staged"), none);
         assert!(
-            prediction(&gpu, 0, Some(&other_port), true, none).contains("NCCL passes GPU buffers")
+            staged.contains("host buffers, the faster path here: staged"),
+            "{staged}"
         );
-        assert!(
-            prediction(&gpu, 0, Some(&other_port), false, none).contains("offers no GPU buffers")
-        );
+        assert!(!staged.contains("would let it"), "{staged}");
         let _ = std::fs::remove_dir_all(&root);
+    }
+
+    #[test]
+    fn host_buffers_are_not_advised_away_where_gpu_memory_is_staged() {
+        let r = BufferReport::new(0, true, None, Some("staged through host copies"));
+        let v = r.verdict(Side::Send, nccl::PTR_HOST, none);
+        assert!(
+            v.contains("the faster path here: staged through host copies"),
+            "{v}"
+        );
+        assert!(v.contains("leave NCCL_NET_GDR_LEVEL as it is"), "{v}");
+        assert!(!v.contains("set NCCL_NET_GDR_LEVEL=SYS"), "{v}");
     }
 
     fn none(_: &str) -> Option<String> {
@@ -291,7 +333,7 @@ mod tests {
 
     #[test]
     fn a_nic_without_a_pci_path_is_explained() {
-        let r = BufferReport::new(0, true, None);
+        let r = BufferReport::new(0, true, None, None);
         let v = r.verdict(Side::Recv, nccl::PTR_HOST, none);
         assert!(
             v.starts_with("NCCL uses host buffers on dev 0 (receives)"),
@@ -309,11 +351,16 @@ mod tests {
     #[test]
     fn a_virtual_nic_is_placed_at_the_cpu_as_doctor_says() {
         let virtio = "/sys/devices/pci0000:00/0000:00:03.0/virtio2";
-        let r = BufferReport::new(0, true, Some(virtio.into()));
+        let r = BufferReport::new(0, true, Some(virtio.into()), None);
         let v = r.verdict(Side::Recv, nccl::PTR_HOST, none);
         assert!(v.contains("does not end in a PCI function"), "{v}");
         assert!(v.contains("NCCL_NET_GDR_LEVEL=SYS"), "{v}");
-        let real = BufferReport::new(0, true, Some("/sys/devices/pci0000:00/0000:00:03.0".into()));
+        let real = BufferReport::new(
+            0,
+            true,
+            Some("/sys/devices/pci0000:00/0000:00:03.0".into()),
+            None,
+        );
         let v = real.verdict(Side::Recv, nccl::PTR_HOST, none);
         assert!(v.contains("NCCL judged the path"), "{v}");
         assert!(v.contains("NCCL_NET_GDR_LEVEL PXB (default)"), "{v}");
@@ -321,7 +368,12 @@ mod tests {
 
     #[test]
     fn gpu_buffers_and_sends_are_said() {
-        let r = BufferReport::new(2, true, Some("/sys/devices/pci0000:00/0000:00:03.0".into()));
+        let r = BufferReport::new(
+            2,
+            true,
+            Some("/sys/devices/pci0000:00/0000:00:03.0".into()),
+            None,
+        );
         assert_eq!(
             r.verdict(Side::Send, nccl::PTR_CUDA, none),
             "NCCL passes GPU buffers on dev 2 (sends)"
@@ -339,12 +391,12 @@ mod tests {
 
     #[test]
     fn said_once_per_side_and_only_where_offered() {
-        let r = BufferReport::new(0, true, None);
+        let r = BufferReport::new(0, true, None, None);
         assert!(!r.sent[0].load(Ordering::Relaxed));
         r.note(Side::Send, nccl::PTR_HOST);
         r.note(Side::Send, nccl::PTR_HOST);
         assert!(r.sent[0].load(Ordering::Relaxed) && !r.sent[1].load(Ordering::Relaxed));
-        let quiet = BufferReport::new(0, false, None);
+        let quiet = BufferReport::new(0, false, None, None);
         quiet.note(Side::Recv, nccl::PTR_HOST);
         assert!(!quiet.sent[1].load(Ordering::Relaxed));
     }

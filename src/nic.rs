@@ -60,6 +60,11 @@ impl Sysfs {
             .find(|p| p.exists())
     }
 
+    /// Whether the machine has an RDMA device (anything in `/sys/class/infiniband`).
+    pub fn has_rdma_devices(&self) -> bool {
+        std::fs::read_dir(self.root.join("class/infiniband")).is_ok_and(|mut d| d.next().is_some())
+    }
+
     /// Whether `domain` is a network interface the kernel flags as loopback
     /// (`IFF_LOOPBACK` in `/sys/class/net/<if>/flags`).
     pub fn is_loopback(&self, domain: &str) -> bool {

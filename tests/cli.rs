@@ -222,6 +222,28 @@ fn doctor_predicts_nccls_gpu_buffer_decision() {
     );
 }
 
+/// Without --verbose: one line per finding, every candidate summed up in one line.
+#[test]
+fn doctor_says_one_line_per_finding() {
+    let short = text(&tool(&["doctor"], &[]).stdout);
+    let long = text(&tool(&["doctor", "--verbose"], &[]).stdout);
+    assert!(short.contains("NCCL would use: "), "{short}");
+    assert!(
+        short.contains("candidates: ") && short.contains("--verbose"),
+        "{short}"
+    );
+    assert!(
+        !short.contains("setopt(CUDA_API=false)"),
+        "the table: {short}"
+    );
+    assert!(!short.lines().any(str::is_empty), "{short}");
+    assert!(long.contains("setopt(CUDA_API=false)"), "{long}");
+    assert!(
+        short.lines().count() < long.lines().count(),
+        "{short}\n{long}"
+    );
+}
+
 #[test]
 fn doctor_selftest_moves_data_through_the_table() {
     let o = tool(&["doctor", "--selftest"], &[]);

@@ -236,7 +236,7 @@ fn doctor(args: &[&str], pairs: &[(&str, &str)]) -> (bool, String, String) {
 
 #[test]
 fn doctor_table() {
-    let (ok, out, err) = doctor(&[], &[("FI_PROVIDER", "shm")]);
+    let (ok, out, err) = doctor(&["--verbose"], &[("FI_PROVIDER", "shm")]);
     assert!(ok, "{out}{err}");
     let (major, minor) = libfabric_version();
     assert!(

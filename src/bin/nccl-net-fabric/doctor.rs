@@ -25,7 +25,7 @@ pub(crate) fn json_str(s: &str) -> String {
     out
 }
 
-pub fn run(json: bool) -> ExitCode {
+pub fn run(json: bool, verbose: bool) -> ExitCode {
     nccl_net_fabric::log::init_stderr();
     for warning in nccl_net_fabric::settings::unknown_in_env() {
         eprintln!("nccl-net-fabric doctor: warning: {warning}");
@@ -61,7 +61,11 @@ pub fn run(json: bool) -> ExitCode {
     let failure = decision.failure.as_ref().map(|f| match f {
         Failure::NoProvider(t) | Failure::HmemRequired(t) => t.clone(),
     });
-    let gdr = gpu_buffer_predictions(&described, decision.gpu);
+    let staged = nccl_net_fabric::quirks::stages_gpu_memory(
+        &decision.provider,
+        nccl_net_fabric::nic::Sysfs::default().has_rdma_devices(),
+    );
+    let gdr = gpu_buffer_predictions(&described, decision.gpu, staged);
 
     if json {
         let mut out = String::new();
@@ -132,6 +136,61 @@ pub fn run(json: bool) -> ExitCode {
         }
         out.push_str("]}");
         println!("{out}");
+    } else if !verbose {
+        // One line per finding; --verbose has every candidate and where each value came from.
+        println!(
+            "libfabric {runtime} (runtime), {headers} (headers); NCCL_FABRIC_HMEM={}",
+            settings.hmem.name()
+        );
+        match &failure {
+            Some(t) => println!("nothing usable: {t}"),
+            None => {
+                println!(
+                    "NCCL would use: {} ({} device(s))",
+                    decision.provider,
+                    decision.devices.len()
+                );
+                for (dev, (ci, d)) in described.iter().enumerate() {
+                    let c = &discovery.candidates[*ci];
+                    let handshake =
+                        match c.names.as_ref().and_then(|n| n.control_elsewhere.as_ref()) {
+                            Some(_) => "over another provider (its names do not fit NCCL's handle)",
+                            None => "over the provider itself",
+                        };
+                    println!(
+                        "dev {dev} {}: {} Mb/s, pciPath {}, handshake {handshake}",
+                        c.domain,
+                        d.speed_mbps,
+                        d.pci_path
+                            .as_deref()
+                            .map_or("NULL".into(), |p| p.display().to_string()),
+                    );
+                }
+                if decision.loopback_only {
+                    println!("{}", nccl_net_fabric::provider::LOOPBACK_ONLY);
+                }
+                if let Some(why) = &caveat {
+                    println!(
+                        "caveat: {} on libfabric {runtime}: {why}",
+                        decision.provider
+                    );
+                }
+                println!("{}", decision.hmem_reason);
+                for line in &gdr {
+                    println!("{line}");
+                }
+                println!(
+                    "conform: nccl-net-fabric conform --provider '{}' checks it against NCCL's \
+                     call pattern",
+                    decision.provider
+                );
+            }
+        }
+        println!(
+            "candidates: {} fi_getinfo entries, {} chosen (--verbose: each with its verdict)",
+            discovery.candidates.len(),
+            decision.devices.len()
+        );
     } else {
         println!(
             "libfabric {runtime} (runtime), {headers} (headers); NCCL_FABRIC_HMEM={}",
@@ -245,7 +304,11 @@ fn handshake(c: &nccl_net_fabric::provider::Candidate) -> String {
 /// NCCL's GPU-buffer decision predicted per GPU and device from sysfs (the path type against
 /// `NCCL_NET_GDR_LEVEL`), and whether GDRCopy is there (efa and cxi take the CUDA option only
 /// with it).
-fn gpu_buffer_predictions(described: &[(usize, Description)], offered: bool) -> Vec<String> {
+fn gpu_buffer_predictions(
+    described: &[(usize, Description)],
+    offered: bool,
+    staged: Option<&str>,
+) -> Vec<String> {
     let sysfs = nccl_net_fabric::nic::Sysfs::default();
     let gpus = sysfs.gpus();
     let env = |k: &str| std::env::var(k).ok();
@@ -262,6 +325,7 @@ fn gpu_buffer_predictions(described: &[(usize, Description)], offered: bool) -> 
                 dev,
                 d.pci_path.as_deref(),
                 offered,
+                staged,
                 env,
             ));
         }

@@ -40,6 +40,9 @@ enum Command {
         /// The report as one JSON object
         #[arg(long)]
         json: bool,
+        /// Every candidate with its verdict, and where each device's values came from
+        #[arg(long)]
+        verbose: bool,
         /// Then move data through the plugin's exported table over loopback, as NCCL would
         #[arg(long)]
         selftest: bool,
@@ -97,10 +100,11 @@ fn main() -> ExitCode {
     match cli.command {
         Command::Doctor {
             json,
+            verbose,
             selftest,
             plugin,
         } => {
-            let code = doctor::run(json);
+            let code = doctor::run(json, verbose);
             if !selftest || code != ExitCode::SUCCESS {
                 return code;
             }
