@@ -14,7 +14,8 @@
 //! - [`lane`] (data endpoints and who drives them), [`progress`] (progress threads),
 //!   [`driver`] (the one reader of an endpoint's queue), [`op`], [`tags`], [`overflow`].
 //! - [`provider`] (pure policy) fed by [`discover`]; [`quirks`] (what particular providers
-//!   need); [`handshake`] (wire records); [`settings`].
+//!   need); [`handshake`] (wire records); [`settings`]; [`sizing`] (threads, lanes and
+//!   flows from the CPUs and the device's speed).
 //! - [`endpoint`], [`fabric`], [`sys`]: libfabric itself; [`address`]: what a peer address
 //!   must look like before libfabric sees it; [`nic`]: what the kernel says about the
 //!   interface behind a domain (loopback, PCI device, speed); [`wake`]: sleeping on file
@@ -52,6 +53,7 @@ pub mod provider;
 pub mod quirks;
 pub mod random;
 pub mod settings;
+pub mod sizing;
 pub mod sys;
 pub mod tags;
 pub mod times;

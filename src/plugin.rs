@@ -317,7 +317,7 @@ fn open_devices(
         let flows = match (can_stripe, settings.flows) {
             (false, _) => 1,
             (true, 0) if one_cpu => 1,
-            (true, 0) => crate::settings::flows_for(described.speed_mbps),
+            (true, 0) => crate::sizing::flows_for(described.speed_mbps),
             (true, n) => n,
         };
         let lanes = match settings.lanes_auto {
@@ -387,8 +387,8 @@ fn open_devices(
                 (n, true, 0) => format!(
                     "{n} flow(s) per comm ({} Mbps at an assumed {} Mbps per flow, 1 to 16{})",
                     described.speed_mbps,
-                    crate::settings::FLOW_MBPS,
-                    if n < crate::settings::flows_for(described.speed_mbps) {
+                    crate::sizing::FLOW_MBPS,
+                    if n < crate::sizing::flows_for(described.speed_mbps) {
                         ", no more than the lanes"
                     } else {
                         ""

@@ -10,7 +10,7 @@
 //! A thread spins while work comes, then yields. Where every provider's wait object tells
 //! all (`quirks::wait_object_tells_all`), a thread that found nothing to do for
 //! `NCCL_FABRIC_PROGRESS_SPIN_US` (20 ms; 50 µs for threads forced onto too few CPUs, see
-//! `settings::SPIN_CROWDED_US`) sleeps in `poll` on the wait objects of all its endpoints
+//! `sizing::SPIN_CROWDED_US`) sleeps in `poll` on the wait objects of all its endpoints
 //! and its bell: it wakes when data arrives, a socket takes more, a command comes or it is
 //! stopped, and after [`SLEEP_IN_FLIGHT`] at most while operations are in flight; then every
 //! endpoint gets a turn (what woke it may be any endpoint's, or a connection request that

@@ -4,6 +4,7 @@
 //! test checks the two agree.
 
 use crate::error::{Error, Result};
+use crate::sizing::{sizing_for, threads_fit, Cpus, NCCL_BUSY_THREADS, SPIN_CROWDED_US, SPIN_US};
 use std::time::Duration;
 
 /// What kind of value a setting takes.
@@ -538,112 +539,6 @@ fn edit_distance(a: &str, b: &str) -> usize {
     row[b.len()]
 }
 
-/// The CPUs this process has, as read once when the settings are parsed: those it may run
-/// on, the machine's, and how many ranks share the machine.
-#[derive(Debug, Clone, Copy)]
-pub struct Cpus {
-    /// CPUs this process may run on (its affinity mask, as `sched_getaffinity` gives it).
-    pub allowed: usize,
-    /// CPUs of the machine (/proc/cpuinfo; 0 if unreadable).
-    pub machine: usize,
-    /// Ranks sharing this machine, from what launchers put in the environment (Open MPI,
-    /// MPICH/Hydra, Slurm, torchrun), if any says.
-    pub local_ranks: Option<usize>,
-}
-
-impl Cpus {
-    pub fn detect() -> Self {
-        Cpus {
-            allowed: std::thread::available_parallelism().map_or(1, |n| n.get()),
-            machine: std::fs::read_to_string("/proc/cpuinfo")
-                .map(|t| t.matches("processor\t").count())
-                .unwrap_or(0),
-            local_ranks: [
-                "OMPI_COMM_WORLD_LOCAL_SIZE",
-                "MPI_LOCALNRANKS",
-                "SLURM_NTASKS_PER_NODE",
-                "LOCAL_WORLD_SIZE",
-            ]
-            .iter()
-            .find_map(|k| std::env::var(k).ok()?.trim().parse().ok()),
-        }
-    }
-
-    /// CPUs this process can count on: those it may use, shared with the other ranks of the
-    /// machine when they may use the same ones (unbound ranks all see every CPU).
-    pub fn per_rank(&self) -> usize {
-        let machine = self.machine.max(self.allowed);
-        match self.local_ranks {
-            Some(n) if n > 1 && self.allowed == machine => (self.allowed / n).max(1),
-            _ => self.allowed,
-        }
-    }
-}
-
-/// How long progress threads that fit in the rank's CPUs go without work before they sleep
-/// (`NCCL_FABRIC_PROGRESS_SPIN_US` unset): longer than the gaps between a collective's
-/// steps. On the GPU machine (two ranks on 16 cores) sleeping after 50 µs cost 15–25 % of
-/// all_reduce's busbw and saved no CPU time.
-pub const SPIN_US: u64 = 20_000;
-/// The same for threads forced onto fewer CPUs than they need: on 2 cores, threads that sleep
-/// after 50 µs moved 2–3× as much as threads that spin (`benches/transfer.rs`).
-pub const SPIN_CROWDED_US: u64 = 50;
-
-/// Threads NCCL itself keeps busy in each rank: its proxy thread, which calls the plugin,
-/// and the thread that drives the GPU.
-pub const NCCL_BUSY_THREADS: usize = 2;
-
-/// Most progress threads `auto` gives a rank.
-pub const MAX_AUTO_THREADS: usize = 8;
-
-/// The rate one TCP flow is assumed to carry when `auto` picks a device's flows: low, since
-/// flows cost no threads, only a connection and an endpoint each (clouds cap a flow at
-/// 1–10 Gbps; NCCL's Socket transport opens 16 per comm there).
-pub const FLOW_MBPS: u64 = 500;
-
-/// How `auto` sizes the plugin for one rank.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Sizing {
-    /// Lanes per direction per device where messages go whole (a device with flows has as
-    /// many lanes as flows).
-    pub lanes: usize,
-    /// Progress threads per device.
-    pub threads: usize,
-    /// Whether to run them: they fit in the rank's CPUs beside NCCL's own busy threads.
-    pub threaded: bool,
-}
-
-/// Lanes, progress threads and whether to run them, for `cpus` CPUs of one rank and
-/// `devices` devices in use. The threads, half the CPUs (at least 2, at most
-/// [`MAX_AUTO_THREADS`]) shared by the devices, drive every endpoint between them, however
-/// many flows there are; where they do not fit beside NCCL's own, NCCL's calls drive. (On
-/// the GPU machine, two ranks as two hosts with 8 CPUs each, all_reduce at 1 GiB moved
-/// 3.9 GB/s with 2 threads, 7.2 with 4 and 6.2 with 8.) Where
-/// messages go whole, NCCL's channels spread over (CPUs - 2) / (3 x devices) lanes, from 1 to
-/// 4: each an endpoint on a domain of its own (on 16 cores shared by two ranks, 2 moved as
-/// much as 3 and 4).
-pub fn sizing_for(cpus: usize, devices: usize) -> Sizing {
-    let devices = devices.max(1);
-    let spare = cpus.saturating_sub(NCCL_BUSY_THREADS);
-    let threads = ((cpus / 2).clamp(2, MAX_AUTO_THREADS) / devices).max(1);
-    Sizing {
-        lanes: (spare / (3 * devices)).clamp(1, 4),
-        threads,
-        threaded: threads_fit(cpus, threads * devices),
-    }
-}
-
-/// Whether `threads` progress threads fit in `cpus` CPUs beside NCCL's own busy threads.
-fn threads_fit(cpus: usize, threads: usize) -> bool {
-    cpus.saturating_sub(NCCL_BUSY_THREADS) >= threads
-}
-
-/// The flows `auto` gives a device of `speed_mbps`: enough flows of [`FLOW_MBPS`] to carry
-/// it, from 1 to 16.
-pub fn flows_for(speed_mbps: u64) -> usize {
-    speed_mbps.div_ceil(FLOW_MBPS).clamp(1, 16) as usize
-}
-
 impl Settings {
     /// Sizes what was left to the plugin for the devices NCCL will be told of: the progress
     /// threads of every device share the rank's CPUs.
@@ -752,77 +647,6 @@ pub fn markdown_table() -> String {
         ));
     }
     out
-}
-
-#[cfg(test)]
-mod sizing_tests {
-    use super::{flows_for, sizing_for, Sizing, MAX_AUTO_THREADS, NCCL_BUSY_THREADS};
-
-    #[test]
-    fn ranks_sharing_a_machine_get_fewer_lanes_and_threads() {
-        let sized = |lanes, threads, threaded| Sizing {
-            lanes,
-            threads,
-            threaded,
-        };
-        assert_eq!(
-            sizing_for(32, 1),
-            sized(4, 8, true),
-            "one rank on a GPU host"
-        );
-        assert_eq!(sizing_for(16, 1), sized(4, 8, true), "one rank on 16 cores");
-        assert_eq!(
-            sizing_for(16 / 2, 1),
-            sized(2, 4, true),
-            "two ranks sharing 16 cores"
-        );
-        assert_eq!(
-            sizing_for(64 / 8, 1),
-            sized(2, 4, true),
-            "8 ranks on a 64-core node"
-        );
-        assert_eq!(
-            sizing_for(32 / 8, 1),
-            sized(1, 2, true),
-            "8 ranks sharing 32 CPUs"
-        );
-        assert_eq!(
-            sizing_for(8, 2),
-            sized(1, 2, true),
-            "two devices share the rank's CPUs"
-        );
-        assert_eq!(sizing_for(2, 1), sized(1, 2, false), "one rank on 2 cores");
-        assert_eq!(
-            sizing_for(1, 1),
-            sized(1, 2, false),
-            "a rank bound to one core"
-        );
-        for cpus in 1..=256 {
-            for devices in 1..=4 {
-                let s = sizing_for(cpus, devices);
-                assert!((1..=4).contains(&s.lanes));
-                assert!(s.threads * devices <= MAX_AUTO_THREADS.max(devices));
-                assert!(
-                    s.threads * devices <= (cpus / 2).max(2).max(devices),
-                    "{cpus} CPUs: at most half of them busy (2 at least)"
-                );
-                if s.threaded {
-                    assert!(
-                        s.threads * devices + NCCL_BUSY_THREADS <= cpus,
-                        "{cpus} CPUs, {devices} devices: the busy threads fit"
-                    );
-                }
-            }
-        }
-    }
-
-    #[test]
-    fn flows_carry_the_device_at_a_low_rate_each() {
-        assert_eq!(flows_for(0), 1);
-        assert_eq!(flows_for(1000), 2, "a 1 Gbps NIC");
-        assert_eq!(flows_for(10_000), 16, "a 10 Gbps NIC (and a veth)");
-        assert_eq!(flows_for(100_000), 16, "at most 16");
-    }
 }
 
 #[cfg(test)]

@@ -1,6 +1,7 @@
 //! `nccl-net-fabric settings`: every `NCCL_FABRIC_*` setting as this environment has it.
 
 use nccl_net_fabric::settings::{self, Settings};
+use nccl_net_fabric::sizing;
 use std::process::ExitCode;
 use std::time::Duration;
 
@@ -16,8 +17,8 @@ fn resolved(name: &str, effective: &str, parsed: Option<&Settings>) -> Option<St
         )),
         (settings::FLOWS, "0") => Some(format!(
             "by each device's speed: {} flows for 10 Gbps and up, {} for 1 Gbps",
-            settings::flows_for(10_000),
-            settings::flows_for(1000)
+            sizing::flows_for(10_000),
+            sizing::flows_for(1000)
         )),
         (settings::THREADS, "0") => Some(format!(
             "{} progress thread(s) per device ({} CPUs for this rank)",
@@ -34,7 +35,7 @@ fn resolved(name: &str, effective: &str, parsed: Option<&Settings>) -> Option<St
         (settings::PROGRESS_SPIN_US, _)
             if s.spin_auto
                 && s.progress_thread
-                && s.progress_spin != Some(Duration::from_micros(settings::SPIN_US)) =>
+                && s.progress_spin != Some(Duration::from_micros(sizing::SPIN_US)) =>
         {
             Some(format!(
                 "{} µs: progress threads forced onto fewer CPUs than they need sleep sooner",
