@@ -10,9 +10,9 @@
 //! frees memory the provider may still use. An endpoint nobody uses any more winds down
 //! ([`Driver::wind_down`]) and closes once nothing is posted ([`Driver::finish`]).
 
-use crate::endpoint::{Endpoint, Event, Failure, Queue, Retired};
+use crate::endpoint::{Endpoint, Event, Queue, Retired};
 use crate::error::{Error, Result};
-use crate::op::{Op, Status};
+use crate::op::Op;
 use crate::sys;
 use crate::wake::{Sleep, Waker};
 use parking_lot::Mutex;
@@ -22,62 +22,11 @@ use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, OnceLock, Weak};
 use std::time::{Duration, Instant};
 
-/// Completion batches read per turn before returning.
-const POLL_ROUNDS: usize = 8;
+mod completion;
+mod sinks;
 
-/// Messages a closed receiving comm's sink takes in and drops: messages its peer sent (or
-/// sends yet) that no receive of the comm will take. Left alone they would stay in the
-/// provider (shm keeps large unexpected messages in buffers it shares with every comm
-/// between the same two endpoints, and stops moving data when they run out). NCCL keeps at
-/// most 32 requests per comm in flight.
-pub const SINK_MESSAGES: u32 = 2 * crate::nccl::NET_MAX_REQUESTS as u32;
-
-/// Which messages a sink takes in, and for how long: posting a receive that matches a message
-/// left by a connection that died crashes 2.1 tcp;ofi_rxm (`rxm_handle_rx_buf`), so a sink
-/// stops as soon as its comm's peer is known gone.
-pub struct SinkSpec {
-    /// Only from this source, like the comm's receives.
-    pub src: sys::fi_addr_t,
-    pub tag: u64,
-    pub ignore: u64,
-    pub alive: Box<dyn Fn() -> bool + Send>,
-}
-
-/// A receive that takes in and drops a closed comm's messages.
-struct Sink {
-    op: Arc<SinkOp>,
-    spec: SinkSpec,
-    left: u32,
-    /// When it was last posted; one that took nothing in for [`SINK_LIFETIME`] is cancelled
-    /// (a posted receive costs every later match on the endpoint a little).
-    posted_at: Instant,
-    /// Ends at its next completion: cancelled as soon as it is posted (it may still be
-    /// waiting to be posted when told).
-    expiring: bool,
-    /// Its cancellation was asked for.
-    cancelled: bool,
-}
-
-/// Sinks one endpoint keeps at most (the oldest is cancelled for a new one).
-const MAX_SINKS: usize = 32;
-
-/// How long a sink waits for a closed comm's stragglers.
-const SINK_LIFETIME: Duration = Duration::from_millis(if cfg!(test) { 200 } else { 5000 });
-
-#[derive(Default)]
-struct SinkOp {
-    op: Op,
-}
-
-impl Owned for SinkOp {
-    fn is_sink(&self) -> bool {
-        true
-    }
-}
-
-fn is_sink(owner: &Owner) -> bool {
-    owner.is_sink()
-}
+use sinks::{is_sink, Sink};
+pub use sinks::{SinkSpec, SINK_MESSAGES};
 
 /// What holds operations: it keeps their memory alive while the provider holds them, and
 /// hears of each completion in the driver's thread, once the operation shows it.
@@ -349,22 +298,7 @@ impl Driver {
                 Command::Retire { owner: key, sink } => {
                     let usable = |s: &SinkSpec| self.queue.endpoint().overflow && (s.alive)();
                     if let Some(spec) = sink.filter(usable) {
-                        // Communicators come and go on a lingering lane: the oldest sinks
-                        // give way rather than pile up.
-                        if self.sinks.len() >= MAX_SINKS {
-                            self.expire_oldest_sink();
-                        }
-                        let sink = Sink {
-                            op: Arc::default(),
-                            spec,
-                            left: SINK_MESSAGES,
-                            posted_at: Instant::now(),
-                            expiring: false,
-                            cancelled: false,
-                        };
-                        self.post_sink(&sink);
-                        self.sinks.push(sink);
-                        self.sink_activity = Instant::now();
+                        self.add_sink(spec);
                     }
                     self.waiting.retain(|p| {
                         if owner_key(&p.owner) != key {
@@ -558,187 +492,6 @@ impl Driver {
         }
     }
 
-    fn read_completions(&mut self) -> Result<usize> {
-        let mut total = 0;
-        for _ in 0..POLL_ROUNDS {
-            let mut events = std::mem::take(&mut self.events);
-            events.clear();
-            let n = self.queue.poll(&mut events)?;
-            for e in events.drain(..) {
-                self.settle(e);
-            }
-            self.events = events;
-            total += n;
-            if n < crate::endpoint::CQ_BATCH {
-                break;
-            }
-        }
-        Ok(total)
-    }
-
-    /// Records one completion in its operation, and lets go of the operation's owner.
-    fn settle(&mut self, e: Event) {
-        let context = match &e {
-            Event::Done { context, .. } => *context,
-            Event::Failed(f) => f.context,
-        };
-        if context.is_null() {
-            if let Event::Failed(f) = &e {
-                self.stray_error(f);
-            }
-            return;
-        }
-        let Some(entry) = self.in_flight.remove(&(context as usize)) else {
-            tracing::warn!(
-                "{}: the provider completed an operation this endpoint did not post \
-                 (context {context:p}); ignored",
-                self.label
-            );
-            return;
-        };
-        // SAFETY: the op lives in `entry.owner`, which is dropped only after this.
-        let op = unsafe { &*entry.op };
-        if let (
-            Event::Done {
-                len,
-                src: Some(src),
-                ..
-            },
-            Transfer::Recv { src: from, .. },
-        ) = (&e, entry.transfer)
-        {
-            if from != sys::ADDR_UNSPEC && *src != from {
-                return self.drop_strangers_message(entry, *len, *src);
-            }
-        }
-        match e {
-            Event::Done { len, tag, .. } => match entry.posted {
-                Some(posted) if len > posted => {
-                    crate::overflow::release(len - posted);
-                    op.fail_tagged(
-                        sys::FI_ETRUNC as i32,
-                        len - posted,
-                        tag,
-                        "message longer than the receive".into(),
-                    );
-                }
-                _ => op.complete(len, tag),
-            },
-            Event::Failed(f) => op.fail(f),
-        }
-        entry.owner.completed(op);
-        drop(entry.owner);
-    }
-
-    /// A receive bound to its peer took a message from someone else (a provider that does
-    /// not enforce `FI_DIRECTED_RECV` for senders missing from the address vector, like
-    /// libfabric 1.17 shm): the message is dropped and the receive posted again, unseen by
-    /// NCCL, whose buffer the real message then fills.
-    fn drop_strangers_message(&mut self, entry: InFlight, len: usize, src: sys::fi_addr_t) {
-        if let Some(posted) = entry.posted.filter(|&p| len > p) {
-            crate::overflow::release(len - posted);
-        }
-        if let Some(held) = self.strangers.allow() {
-            tracing::warn!(
-                "{}: dropped a message of {len} bytes from an endpoint that is not the comm's \
-                 peer (fi_addr {src:#x}){}; the receive waits for its peer. Something other \
-                 than this job's ranks is sending here: see docs/faults.md, Security model",
-                self.label,
-                match held {
-                    0 => String::new(),
-                    n => format!(" ({n} more since the last warning)"),
-                }
-            );
-        }
-        // SAFETY: as in settle: the op lives in its owner, which stays with the post.
-        unsafe { &*entry.op }.mark_queued();
-        self.waiting.push_front(Post {
-            op: entry.op,
-            owner: entry.owner,
-            transfer: entry.transfer,
-        });
-    }
-
-    /// An error entry the provider wrote without an operation: an error of the endpoint
-    /// itself (rxm writes these when a connection fails, shm when a peer's remote access
-    /// fails). It cannot be tied to a comm; users are told to check their peers now.
-    fn stray_error(&mut self, f: &Failure) {
-        let n = self.health.stray_errors.fetch_add(1, Ordering::AcqRel);
-        if n.is_power_of_two() || n == 0 {
-            tracing::warn!(
-                "{}: the provider reported an error not tied to any operation: {} (err {}, \
-                 provider err {}); comms waiting on this endpoint check their peers now \
-                 ({} such error(s) so far)",
-                self.label,
-                if f.text.is_empty() {
-                    crate::error::fi_strerror(f.err.abs())
-                } else {
-                    f.text.clone()
-                },
-                f.err,
-                f.prov_errno,
-                n + 1
-            );
-        }
-    }
-
-    fn post_sink(&mut self, sink: &Sink) {
-        sink.op.op.mark_queued();
-        self.waiting.push_back(Post {
-            op: &sink.op.op,
-            owner: sink.op.clone(),
-            // Nothing of NCCL's: the whole message goes to the overflow area.
-            transfer: Transfer::Recv {
-                buf: std::ptr::null_mut(),
-                len: 0,
-                desc: std::ptr::null_mut(),
-                src: sink.spec.src,
-                tag: sink.spec.tag,
-                ignore: sink.spec.ignore,
-                overflow: true,
-            },
-        });
-    }
-
-    /// Ends the oldest sink that is not ending already (see [`Sink::expiring`]).
-    fn expire_oldest_sink(&mut self) {
-        if let Some(s) = self
-            .sinks
-            .iter_mut()
-            .filter(|s| !s.expiring)
-            .min_by_key(|s| s.posted_at)
-        {
-            s.expiring = true;
-        }
-        self.renew_sinks();
-    }
-
-    /// Posts again each sink that took in a message, while it has messages left; cancels
-    /// one that waited [`SINK_LIFETIME`] for nothing (its cancellation ends it).
-    fn renew_sinks(&mut self) {
-        let mut sinks = std::mem::take(&mut self.sinks);
-        sinks.retain_mut(|s| {
-            let status = s.op.op.status();
-            if !status.finished() {
-                s.expiring |= s.posted_at.elapsed() > SINK_LIFETIME;
-                if status == Status::Posted && s.expiring && !s.cancelled {
-                    s.cancelled = true;
-                    let _ = self.queue.cancel(s.op.op.context() as usize);
-                }
-                return true;
-            }
-            self.sink_activity = Instant::now();
-            s.left -= 1;
-            if s.left == 0 || s.expiring || !(s.spec.alive)() {
-                return false;
-            }
-            s.posted_at = Instant::now();
-            self.post_sink(s);
-            true
-        });
-        self.sinks = sinks;
-    }
-
     /// Nothing at all in the provider's hands or waiting for it.
     pub fn empty(&self) -> bool {
         self.inbox.is_empty() && self.waiting.is_empty() && self.in_flight.is_empty()
@@ -845,7 +598,9 @@ impl Driver {
 
 #[cfg(test)]
 mod tests {
+    use super::sinks::MAX_SINKS;
     use super::*;
+    use crate::endpoint::Failure;
     use crate::fabric::{runtime_version, Domain, Fabric, InfoList};
     use crate::provider::Pass;
 
