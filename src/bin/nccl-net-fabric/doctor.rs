@@ -166,19 +166,7 @@ pub fn run(json: bool, verbose: bool) -> ExitCode {
                             .map_or("NULL".into(), |p| p.display().to_string()),
                     );
                 }
-                if decision.loopback_only {
-                    println!("{}", nccl_net_fabric::provider::LOOPBACK_ONLY);
-                }
-                if let Some(why) = &caveat {
-                    println!(
-                        "caveat: {} on libfabric {runtime}: {why}",
-                        decision.provider
-                    );
-                }
-                println!("{}", decision.hmem_reason);
-                for line in &gdr {
-                    println!("{line}");
-                }
+                findings(&decision, caveat, &runtime, &gdr);
                 println!(
                     "conform: nccl-net-fabric conform --provider '{}' checks it against NCCL's \
                      call pattern",
@@ -261,19 +249,7 @@ pub fn run(json: bool, verbose: bool) -> ExitCode {
                         handshake(&discovery.candidates[*ci])
                     );
                 }
-                if decision.loopback_only {
-                    println!("{}", nccl_net_fabric::provider::LOOPBACK_ONLY);
-                }
-                if let Some(why) = &caveat {
-                    println!(
-                        "caveat: {} on libfabric {runtime}: {why}",
-                        decision.provider
-                    );
-                }
-                println!("{}", decision.hmem_reason);
-                for line in &gdr {
-                    println!("{line}");
-                }
+                findings(&decision, caveat, &runtime, &gdr);
                 println!(
                     "To check {} against NCCL's call pattern (two processes, every check with a \
                      deadline): nccl-net-fabric conform --provider '{}'",
@@ -287,6 +263,29 @@ pub fn run(json: bool, verbose: bool) -> ExitCode {
         ExitCode::from(1)
     } else {
         ExitCode::SUCCESS
+    }
+}
+
+/// The findings both reports give after the devices: loopback only, a caveat of this
+/// provider and version, the GPU-buffer verdict and NCCL's decision per GPU.
+fn findings(
+    decision: &nccl_net_fabric::provider::Decision,
+    caveat: Option<&str>,
+    runtime: &str,
+    gdr: &[String],
+) {
+    if decision.loopback_only {
+        println!("{}", nccl_net_fabric::provider::LOOPBACK_ONLY);
+    }
+    if let Some(why) = caveat {
+        println!(
+            "caveat: {} on libfabric {runtime}: {why}",
+            decision.provider
+        );
+    }
+    println!("{}", decision.hmem_reason);
+    for line in gdr {
+        println!("{line}");
     }
 }
 
