@@ -210,6 +210,8 @@ pub struct Comm {
     adhoc: Mutex<Vec<Adhoc>>,
     /// The registrations its sends used (see [`Registered`]), kept while it lives.
     kept: Mutex<Vec<Keep>>,
+    /// Its domains claim `FI_MR_LOCAL` (decided when it is made; see [`Comm::needs_descs`]).
+    needs_descs: bool,
 }
 
 /// A registration a comm made itself: address, length, the registration.
@@ -387,6 +389,9 @@ impl Comm {
             })
             .collect();
         let wires: Box<[Wire]> = wires.into();
+        let needs_descs = wires
+            .iter()
+            .any(|w| w.lane.endpoint.domain.claimed_local_mr());
         let stray_seen = AtomicU64::new(stray_errors(&wires));
         let comm = Arc::new_cyclic(|this| Comm {
             this: this.clone(),
@@ -407,6 +412,7 @@ impl Comm {
             refused_since: AtomicU64::new(0),
             adhoc: Mutex::new(Vec::new()),
             kept: Mutex::new(Vec::new()),
+            needs_descs,
         });
         let me = Arc::as_ptr(&comm).cast_mut();
         for r in comm.requests.iter() {
@@ -449,7 +455,7 @@ impl Comm {
     /// Whether its buffers need descriptors the caller may not have given: its domains
     /// claim `FI_MR_LOCAL` (see `quirks::claim_local_mr`).
     pub fn needs_descs(&self) -> bool {
-        self.lanes().any(|l| l.endpoint.domain.claimed_local_mr())
+        self.needs_descs
     }
 
     /// The registration this comm made itself of `len` bytes at `data`, made now by
