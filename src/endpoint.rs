@@ -92,10 +92,9 @@ pub struct Endpoint {
     pub source: bool,
     pub provider: String,
     /// Whether receives may carry the overflow area as a second piece (the provider takes two
-    /// pieces, and needs no descriptor for host memory or has the area registered).
-    pub overflow: bool,
-    /// The area's descriptor in this endpoint's domain (0: none needed).
-    pub overflow_desc: usize,
+    /// pieces, and needs no descriptor for host memory or has the area registered), and if
+    /// so the area's descriptor in this endpoint's domain (0: none needed).
+    pub overflow: Option<usize>,
     pub max_msg_size: usize,
     pub domain: Arc<Domain>,
     /// Sending queues of this process that must close after this endpoint (see
@@ -287,8 +286,7 @@ impl Endpoint {
                     && !crate::quirks::source_unreported(&info.provider()),
                 name: buf,
                 provider: info.provider(),
-                overflow: overflow_desc.is_some(),
-                overflow_desc: overflow_desc.map_or(0, |d| d as usize),
+                overflow: overflow_desc.map(|d| d as usize),
                 max_msg_size: info.max_msg_size(),
                 domain: domain.clone(),
                 close_after: Mutex::new(Vec::new()),

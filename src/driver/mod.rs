@@ -296,7 +296,8 @@ impl Driver {
             match c {
                 Command::Post(p) => self.waiting.push_back(p),
                 Command::Retire { owner: key, sink } => {
-                    let usable = |s: &SinkSpec| self.queue.endpoint().overflow && (s.alive)();
+                    let usable =
+                        |s: &SinkSpec| self.queue.endpoint().overflow.is_some() && (s.alive)();
                     if let Some(spec) = sink.filter(usable) {
                         self.add_sink(spec);
                     }
@@ -447,7 +448,7 @@ impl Driver {
                 overflow,
             } => {
                 let ep = self.queue.endpoint();
-                let overflow = (ep.overflow && overflow)
+                let overflow = (ep.overflow.is_some() && overflow)
                     .then(|| crate::overflow::for_receive(len, ep.max_msg_size))
                     .flatten();
                 let mut iov = [
@@ -460,7 +461,7 @@ impl Driver {
                         iov_len: 0,
                     },
                 ];
-                let area_desc = ep.overflow_desc as *mut c_void;
+                let area_desc = ep.overflow.unwrap_or(0) as *mut c_void;
                 let mut descs = [desc, area_desc];
                 let pieces = match overflow {
                     // Nothing of NCCL's (a sink): the area alone, not after an empty piece

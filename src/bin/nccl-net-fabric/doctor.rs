@@ -138,10 +138,7 @@ pub fn run(json: bool, verbose: bool) -> ExitCode {
         println!("{out}");
     } else if !verbose {
         // One line per finding; --verbose has every candidate and where each value came from.
-        println!(
-            "libfabric {runtime} (runtime), {headers} (headers); NCCL_FABRIC_HMEM={}",
-            settings.hmem.name()
-        );
+        header(&runtime, &headers, &settings);
         match &failure {
             Some(t) => println!("nothing usable: {t}"),
             None => {
@@ -180,10 +177,7 @@ pub fn run(json: bool, verbose: bool) -> ExitCode {
             decision.devices.len()
         );
     } else {
-        println!(
-            "libfabric {runtime} (runtime), {headers} (headers); NCCL_FABRIC_HMEM={}",
-            settings.hmem.name()
-        );
+        header(&runtime, &headers, &settings);
         println!();
         println!(
             "{:<4} {:<14} {:<16} {:<6} {:<6} {:<8} {:<24} verdict",
@@ -264,6 +258,14 @@ pub fn run(json: bool, verbose: bool) -> ExitCode {
     } else {
         ExitCode::SUCCESS
     }
+}
+
+/// The first line of both reports: libfabric's versions and the FI_HMEM setting.
+fn header(runtime: &str, headers: &str, settings: &Settings) {
+    println!(
+        "libfabric {runtime} (runtime), {headers} (headers); NCCL_FABRIC_HMEM={}",
+        settings.hmem.name()
+    );
 }
 
 /// The findings both reports give after the devices: loopback only, a caveat of this
