@@ -35,6 +35,7 @@ use crate::handshake::Identity;
 use crate::lane::{IdLease, Lane};
 use crate::op::{Op, Status};
 use crate::opaque::{self, request};
+use crate::pace::Pace;
 use crate::sys;
 use crate::tags::{Layout, MAX_PIECE, MAX_PIECES, PIECE_UNIT};
 use parking_lot::Mutex;
@@ -182,8 +183,10 @@ pub struct Comm {
     wires: Box<[Wire]>,
     pub peer: PeerInfo,
     me: Identity,
-    /// Pieces are this long at least (0: whole messages).
+    /// Pieces are this long at least (0: whole messages), as both ends agreed.
     piece: usize,
+    /// How finely a send comm cuts now (see `pace`).
+    pace: Pace,
     /// Most pieces it cuts a message into.
     most: usize,
     /// Itself, for the operations `test` hands the drivers (see `Part::settle`).
@@ -247,6 +250,10 @@ pub struct Request {
     stall_reported: AtomicBool,
     /// Since when (ms) `test` has seen some of its pieces finished and others not (0: not).
     straggling_since: AtomicU64,
+    /// A send in pieces whose comm learns its pace from it: its largest piece (0: none).
+    paced: AtomicUsize,
+    /// When it was posted (`pace::now_us`), if it is paced.
+    posted_at_us: AtomicU64,
 }
 
 /// One buffer's operations.
@@ -325,6 +332,9 @@ pub struct Terms {
     pub max_recvs: usize,
     /// Pieces are this long at least (0: whole messages), as both ends agreed.
     pub piece: usize,
+    /// A send comm may cut finer where its flows prove slow (see `pace`): the piece size
+    /// was left to the plugin.
+    pub adapt: bool,
 }
 
 impl Comm {
@@ -344,6 +354,7 @@ impl Comm {
             stall_warn,
             max_recvs,
             piece,
+            adapt,
         } = terms;
         let max_recvs = max_recvs.clamp(1, MAX_RECVS);
         let most = match wires.len() {
@@ -386,6 +397,8 @@ impl Comm {
                 posted_at: AtomicU64::new(0),
                 stall_reported: AtomicBool::new(false),
                 straggling_since: AtomicU64::new(0),
+                paced: AtomicUsize::new(0),
+                posted_at_us: AtomicU64::new(0),
             })
             .collect();
         let wires: Box<[Wire]> = wires.into();
@@ -400,6 +413,10 @@ impl Comm {
             wires,
             peer,
             piece,
+            pace: match (dir, adapt) {
+                (Direction::Send, true) => Pace::adaptive(piece, crate::sizing::FLOW_MBPS),
+                _ => Pace::fixed(piece),
+            },
             most,
             me: Identity::current(),
             next_seq: Mutex::new(HashMap::new()),
@@ -432,13 +449,49 @@ impl Comm {
 
     /// How it sends long messages, for log lines.
     pub fn pieces_text(&self) -> String {
+        let finer = match self.pace.adapts() {
+            true => format!(
+                ", of {} bytes while its flows move under {} Mbit/s each",
+                crate::pace::FINE_PIECE,
+                crate::sizing::FLOW_MBPS
+            ),
+            false => String::new(),
+        };
         match (self.piece, self.wires.len()) {
             (0, _) => "whole messages".into(),
-            (p, 1) => format!("messages over {p} bytes in up to {} pieces", self.most),
-            (p, n) => format!(
-                "messages over {p} bytes in up to {} pieces over {n} flows",
+            (p, 1) => format!(
+                "messages over {p} bytes in up to {} pieces{finer}",
                 self.most
             ),
+            (p, n) => format!(
+                "messages over {p} bytes in up to {} pieces over {n} flows{finer}",
+                self.most
+            ),
+        }
+    }
+
+    /// Its pace changed: `fine`, it now cuts messages into as many pieces as it has flows.
+    /// The first change each way in a process is logged at INFO, the rest at DEBUG.
+    fn paced(&self, fine: bool) {
+        static SAID: [AtomicBool; 2] = [AtomicBool::new(false), AtomicBool::new(false)];
+        let what = match fine {
+            true => format!(
+                "its flows move less than {} Mbit/s each (the network caps each connection): \
+                 messages over {} bytes now go in up to {} pieces of {} bytes at least",
+                crate::sizing::FLOW_MBPS,
+                crate::pace::FINE_PIECE,
+                self.most,
+                crate::pace::FINE_PIECE
+            ),
+            false => format!(
+                "its flows move faster than {} Mbit/s each again: pieces of {} bytes at least",
+                crate::sizing::FLOW_MBPS,
+                self.piece
+            ),
+        };
+        match !SAID[fine as usize].swap(true, Ordering::Relaxed) {
+            true => tracing::info!("send comm {}: {what}", self.peer_text()),
+            false => tracing::debug!("send comm {}: {what}", self.peer_text()),
         }
     }
 
@@ -611,6 +664,11 @@ impl Comm {
         }
         let owner = self.clone() as Owner;
         let first = self.wires.first().expect("a comm has a flow");
+        // How this send is cut, read once: the header and the pieces must agree.
+        let piece = match self.dir {
+            Direction::Send => self.pace.piece(),
+            Direction::Recv => self.piece,
+        };
         // The first operation of buffer `i`: a whole message or header for a send, the
         // receive over the whole buffer for a receive.
         let first_of = |i: usize, whole_desc: &dyn Fn(&Buffer) -> *mut c_void| {
@@ -618,7 +676,7 @@ impl Comm {
             let (key, seq) = keys[i];
             let tag = first.tag(key, seq);
             let transfer = match self.dir {
-                Direction::Send => match cut(b.len, self.piece, self.most) {
+                Direction::Send => match cut(b.len, piece, self.most) {
                     None => Transfer::Send {
                         buf: b.data,
                         len: b.len,
@@ -672,7 +730,7 @@ impl Comm {
             part.host.store(b.host, Ordering::Relaxed);
             part.op.mark_queued();
             let layout = match self.dir {
-                Direction::Send => cut(b.len, self.piece, self.most),
+                Direction::Send => cut(b.len, piece, self.most),
                 Direction::Recv => None,
             };
             let count = layout.map_or(0, |l| l.count);
@@ -681,6 +739,15 @@ impl Comm {
                 .store(self.first_flow(keys[i].1, count), Ordering::Relaxed);
             part.pieces[..count].iter().for_each(Op::mark_queued);
             layouts[i] = layout;
+        }
+        let paced = match layouts[0] {
+            Some(layout) if self.pace.adapts() => layout.size,
+            _ => 0,
+        };
+        req.paced.store(paced, Ordering::Relaxed);
+        if paced > 0 {
+            req.posted_at_us
+                .store(crate::pace::now_us(), Ordering::Relaxed);
         }
         // A send's descriptors: of registrations beginning where the message and each of
         // its pieces begin, where the comm's domains need that (see `Starts`).
@@ -792,7 +859,15 @@ impl Comm {
     pub fn close(self: Arc<Self>) {
         self.closed.store(true, Ordering::Release);
         if let Some(times) = self.times.text() {
-            tracing::info!("{} comm {}: {times}", self.what(), self.peer_text());
+            let (changes, fine) = self.pace.changes();
+            let pace = match self.pace.adapts() {
+                true => format!(
+                    "; changed how it cuts {changes} time(s), {} at the end",
+                    if fine { "finely" } else { "coarsely" }
+                ),
+                false => String::new(),
+            };
+            tracing::info!("{} comm {}: {times}{pace}", self.what(), self.peer_text());
         }
         if self.dir == Direction::Recv {
             // Headers that arrive from now on leave their pieces to the sinks: nothing is
@@ -1056,8 +1131,21 @@ impl Request {
         if crate::times::on() {
             self.time(comm, &sizes);
         }
+        self.pace(comm);
         self.release();
         Ok(Some(sizes))
+    }
+
+    /// A paced send seen done now teaches its comm how fast its flows move (see `pace`).
+    fn pace(&self, comm: &Comm) {
+        let piece = self.paced.load(Ordering::Relaxed);
+        if piece == 0 {
+            return;
+        }
+        let took = crate::pace::now_us().saturating_sub(self.posted_at_us.load(Ordering::Relaxed));
+        if let Some(fine) = comm.pace.learn(piece, Duration::from_micros(took)) {
+            comm.paced(fine);
+        }
     }
 
     /// Adds a request seen done now to its comm's times: the last of its operations the

@@ -147,6 +147,7 @@ fn comm_on(
             stall_warn: (stall > 0).then(|| Duration::from_millis(stall)),
             max_recvs: plugin.settings.max_recvs as usize,
             piece: piece as usize,
+            adapt: plugin.settings.pieces_auto,
         },
     ))
 }

@@ -15,7 +15,8 @@
 //!   [`driver`] (the one reader of an endpoint's queue), [`op`], [`tags`], [`overflow`].
 //! - [`provider`] (pure policy) fed by [`discover`]; [`quirks`] (what particular providers
 //!   need); [`handshake`] (wire records); [`settings`]; [`sizing`] (threads, lanes and
-//!   flows from the CPUs and the device's speed).
+//!   flows from the CPUs and the device's speed); [`pace`] (how finely a send comm cuts its
+//!   messages, from how fast its flows move).
 //! - [`endpoint`], [`fabric`], [`sys`]: libfabric itself; [`address`]: what a peer address
 //!   must look like before libfabric sees it; [`nic`]: what the kernel says about the
 //!   interface behind a domain (loopback, PCI device, speed); [`wake`]: sleeping on file
@@ -47,6 +48,7 @@ pub mod nic;
 pub mod op;
 pub mod opaque;
 pub mod overflow;
+pub mod pace;
 pub mod plugin;
 pub mod progress;
 pub mod provider;

@@ -83,7 +83,7 @@ const LAYERS: &[(&str, &[&str])] = &[
     (
         "C types and the system",
         &[
-            "sys", "nccl", "random", "nic", "tags", "overflow", "wake", "times", "sizing",
+            "sys", "nccl", "random", "nic", "tags", "overflow", "wake", "times", "sizing", "pace",
         ],
     ),
     (

@@ -567,6 +567,56 @@ fn short_messages_in_pieces_take_the_flows_in_turn() {
     }
 }
 
+/// NCCL's steps (512 KiB) two at a time on a comm of 16 flows. Where every connection is
+/// capped, the send comm sees its pieces move under 500 Mbit/s and cuts each step into 8
+/// pieces of 64 KiB rather than 2 of 256 KiB (saying so once, INFO), so that each step keeps
+/// 8 connections busy; uncapped it keeps the agreed 256 KiB. The rates are printed beside a
+/// comm held to 256 KiB pieces (`NCCL_FABRIC_PIECE_BYTES` set), on the same capped link.
+#[test]
+fn a_comm_whose_flows_are_capped_cuts_finer() {
+    if !hosts_or_skip() {
+        return;
+    }
+    let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    const STEP: usize = 512 << 10;
+    const COUNT: usize = 64;
+    const FINER: &str = "the network caps each connection";
+    let stream = format!("stream:{COUNT}:{STEP}:2");
+    let cap = |hosts: &Hosts, flows: &[Connection]| hosts.cap_flows(0, flows, &[CAP_MBIT]);
+    let rate = |f: &Finished| f.result("mb_per_s").unwrap();
+    for p in striping_providers() {
+        let ([a, b], _) = run_pair(&Hosts::new(2), p, &[], &stream, |_, _| {}, |_, _| ());
+        assert!(
+            !a.stderr.contains(FINER),
+            "over {p}, uncapped: the comm keeps its pieces: {}",
+            a.stderr
+        );
+        let uncapped = rate(&b);
+        let ([a, b], sent) = run_pair(&Hosts::new(2), p, &[], &stream, cap, sent_since);
+        // rxm completes a long send once the receiver has read it, so its time shows the cap.
+        // Native tcp completes a send once the kernel has taken it: the cap shows only after
+        // the connections' socket buffers (up to 4 MiB each) have filled, past this stream.
+        let sees_caps = p == "tcp;ofi_rxm";
+        assert!(
+            !sees_caps || a.stderr.contains(FINER),
+            "over {p}, capped: the comm says it cuts finer: {}",
+            a.stderr
+        );
+        carry_shares(&sent, (COUNT * STEP) as u64, &format!("over {p}, capped"));
+        let held = [("NCCL_FABRIC_PIECE_BYTES", "262144")];
+        let ([a2, b2], _) = run_pair(&Hosts::new(2), p, &held, &stream, cap, |_, _| ());
+        assert!(!a2.stderr.contains(FINER), "over {p}: a set size is kept");
+        eprintln!(
+            "{p}: {COUNT} messages of {STEP} bytes, 2 in flight, 16 flows: uncapped {uncapped} \
+             MB/s; capped at {CAP_MBIT} Mbit/s per connection {} MB/s, held to 256 KiB pieces \
+             {} MB/s; cut finer: {}; sent per connection {sent:?}",
+            rate(&b),
+            rate(&b2),
+            a.stderr.contains(FINER)
+        );
+    }
+}
+
 /// Hosts with 2 and 4 NICs, one device over them all (`NCCL_FABRIC_MERGE=yes`): a comm's
 /// flows take the NICs in turn, so every NIC carries its share of the stream (veths all
 /// report one speed), and every message arrives whole.
