@@ -6,9 +6,9 @@
 //! every TCP connection (clouds cap each 5-tuple), what a comm moves is the number of its
 //! connections busy at once, so there each message is better cut into as many pieces as the
 //! comm has flows, down to [`FINE_PIECE`]. A comm tells the two apart from its own messages:
-//! a message in pieces that took longer than its largest piece needs at
-//! [`crate::sizing::FLOW_MBPS`] (the rate each flow was assumed to carry when the flows were
-//! counted) says the flows are slower than assumed.
+//! a message in pieces that took longer than its largest piece needs at the comm's floor
+//! rate (the rate each flow was assumed to carry when the flows were counted, `FLOW_MBPS` of
+//! the sizing) says the flows are slower than assumed.
 //!
 //! [`TO_FINE`] such messages in a row make the comm cut finely; [`TO_COARSE`] faster ones in
 //! a row make it cut coarsely again. The second run is the longer: small pieces can look
