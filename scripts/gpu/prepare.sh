@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Prepares, on the Debian build machine, what scripts/gpu/run.sh needs on a GPU machine that
+# Prepares, on the Debian build machine, what scripts/gpu/run.py needs on a GPU machine that
 # has no Rust, no libfabric and no libtool:
 #   .scratch/gpu-in/plugin/      the plugin and nccl-net-fabric, built against libfabric 2.1
 #   .scratch/gpu-in/libfabric-2.1.0-autogen.tar.xz   libfabric's source with ./autogen.sh run
@@ -10,7 +10,7 @@
 #                                for the scale stage
 #   .scratch/gpu-in/scale/       tests/scale.rs built for release, with the plugin beside it
 # nccl-tests is not made here: put a copy of NVIDIA/nccl-tests in .scratch/gpu-in/nccl-tests
-# (git-ignored, never committed); the nccltests stage of scripts/gpu/run.sh builds it there.
+# (git-ignored, never committed); the nccltests stage of scripts/gpu/run.py builds it there.
 # Likewise for the steps stage: ext-profiler/example of NVIDIA/nccl as
 # .scratch/gpu-in/nccl-profiler.tar.xz (e.g. git archive --prefix=nccl-profiler/
 # v2.28.9-1:ext-profiler/example | xz >…).
@@ -62,4 +62,4 @@ bundle() {
 bundle perf
 bundle tc
 bundle ip
-echo "prepared $out (carry it to the GPU machine and run scripts/gpu/run.sh there)"
+echo "prepared $out (carry it to the GPU machine and run python3 scripts/gpu/run.py there)"
