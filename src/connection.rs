@@ -127,7 +127,16 @@ fn comm_on(
     let mut made = Vec::with_capacity(flows.len());
     let mut plans = flows.into_iter();
     for (lane, addr, id) in plans.by_ref() {
-        match lane.peer(&addr) {
+        // A receiving flow needs its peer's address only to match receives by their source.
+        // Where receives match by tag alone it is never inserted: inserting it is, for ucx,
+        // connecting to the peer's sending endpoint while that endpoint connects to this one,
+        // and UCX 1.13's TCP transport can lose such a pair of connections for good (the
+        // first message then never arrives).
+        let peer = match (dir, lane.endpoint.directed) {
+            (Direction::Recv, false) => Ok(crate::sys::ADDR_UNSPEC),
+            _ => lane.peer(&addr),
+        };
+        match peer {
             Ok(a) => made.push(Wire::new(lane, a, id)),
             Err(e) => {
                 lane.release_user();

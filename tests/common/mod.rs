@@ -79,6 +79,8 @@ pub struct ChildTest {
 
 pub struct Finished {
     pub success: bool,
+    /// How it exited, as the OS says ("exit status: 1", "signal: 11 (SIGSEGV)").
+    pub status: String,
     pub stdout: String,
     pub stderr: String,
 }
@@ -279,6 +281,7 @@ impl ChildTest {
         }
         Finished {
             success: status.success(),
+            status: status.to_string(),
             stdout: out.join("\n"),
             stderr,
         }
@@ -312,8 +315,8 @@ pub fn run_child_ok(name: &str, env: &[(String, String)], timeout: Duration) -> 
     let f = run_child(name, env, timeout);
     assert!(
         f.success,
-        "child {name} failed\n--- stdout\n{}\n--- stderr\n{}",
-        f.stdout, f.stderr
+        "child {name} failed ({})\n--- stdout\n{}\n--- stderr\n{}",
+        f.status, f.stdout, f.stderr
     );
     f
 }
