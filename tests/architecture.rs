@@ -6,7 +6,13 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
 
-/// Module name → the modules it uses.
+/// A file's code outside its tests (test code may use anything).
+fn outside_tests(text: &str) -> &str {
+    text.split("#[cfg(test)]").next().unwrap_or("")
+}
+
+/// Module name → the modules it uses (a folder module's files together, each without its
+/// tests).
 fn graph() -> BTreeMap<String, BTreeSet<String>> {
     let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
     let mut text: BTreeMap<String, String> = BTreeMap::new();
@@ -17,19 +23,19 @@ fn graph() -> BTreeMap<String, BTreeSet<String>> {
             if path.join("mod.rs").exists() {
                 let mut all = String::new();
                 for f in std::fs::read_dir(&path).expect("module folder") {
-                    all += &std::fs::read_to_string(f.expect("file").path()).unwrap_or_default();
+                    let file = std::fs::read_to_string(f.expect("file").path()).unwrap_or_default();
+                    all += outside_tests(&file);
                 }
                 text.insert(name, all);
             }
         } else if path.extension().is_some_and(|e| e == "rs") && name != "lib" {
-            text.insert(name, std::fs::read_to_string(&path).expect("read"));
+            let file = std::fs::read_to_string(&path).expect("read");
+            text.insert(name, outside_tests(&file).to_string());
         }
     }
     let names: BTreeSet<String> = text.keys().cloned().collect();
     text.iter()
-        .map(|(m, t)| {
-            // Test code may use anything.
-            let code = t.split("#[cfg(test)]").next().unwrap_or("");
+        .map(|(m, code)| {
             let uses = code
                 .match_indices("crate::")
                 .filter_map(|(i, _)| {
