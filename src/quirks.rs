@@ -117,7 +117,7 @@
 //!   registrations take offsets, not addresses: `rxm_rndv_hdr_init`), so a send from inside
 //!   NCCL's buffer (a slot, a piece) would deliver the buffer's first bytes: each send gets
 //!   the descriptor of a registration beginning where it begins, made once per place and
-//!   kept with NCCL's registration (`comm::Starts`, `mr`).
+//!   kept with NCCL's registration (`comm::Registered`, `mr`).
 
 use crate::error::Result;
 use crate::fabric::{Info, OwnedInfo};

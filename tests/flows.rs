@@ -580,7 +580,7 @@ fn a_comm_whose_flows_are_capped_cuts_finer() {
     let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
     const STEP: usize = 512 << 10;
     const COUNT: usize = 64;
-    const FINER: &str = "the network caps each connection";
+    const FINER: &str = "as where a network caps each connection";
     let stream = format!("stream:{COUNT}:{STEP}:2");
     let cap = |hosts: &Hosts, flows: &[Connection]| hosts.cap_flows(0, flows, &[CAP_MBIT]);
     let rate = |f: &Finished| f.result("mb_per_s").unwrap();

@@ -331,7 +331,7 @@ impl Comm {
         static SAID: [AtomicBool; 2] = [AtomicBool::new(false), AtomicBool::new(false)];
         let what = match fine {
             true => format!(
-                "its flows move less than {} Mbit/s each (the network caps each connection): \
+                "its flows move less than {} Mbit/s each (as where a network caps each connection): \
                  messages over {} bytes now go in up to {} pieces of {} bytes at least",
                 crate::sizing::FLOW_MBPS,
                 crate::pace::FINE_PIECE,

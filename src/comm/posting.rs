@@ -289,7 +289,7 @@ impl Comm {
                 .store(crate::pace::now_us(), Ordering::Relaxed);
         }
         // A send's descriptors: of registrations beginning where the message and each of
-        // its pieces begin, where the comm's domains need that (see `Starts`).
+        // its pieces begin, where the comm's domains need that (see `Registered`).
         let mut send_descs = [std::ptr::null_mut(); MAX_PIECES + 1];
         if let (Direction::Send, Some(starts)) = (self.dir, bufs[0].starts) {
             let (b, part) = (&bufs[0], &req.parts[0]);
