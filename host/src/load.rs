@@ -11,8 +11,9 @@ use std::ptr;
 
 impl PluginLib {
     /// Where the plugin may be, relative to the running executable, in order: built by
-    /// cargo beside it (target/<profile>/, its deps/, or the one above deps/), installed by `scripts/install.sh`
-    /// (PREFIX/bin → PREFIX/lib), or by the Debian package (/usr/lib/<triplet>).
+    /// cargo beside it (`target/<profile>/`, its deps/, or the one above deps/), installed
+    /// by `scripts/install.sh` (PREFIX/bin → PREFIX/lib), or by the Debian package
+    /// (`/usr/lib/<triplet>`).
     pub fn default_candidates() -> Vec<PathBuf> {
         let exe = std::env::current_exe().unwrap_or_default();
         let dir = exe.parent().map(Path::to_path_buf).unwrap_or_default();

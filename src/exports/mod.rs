@@ -5,7 +5,7 @@
 //! This module is that API: each function checks NCCL's pointers and calls `plugin`,
 //! `connection`, `comm` and `mr`. The version modules hold the tables, whose entries are
 //! adapters of a few lines (type widths, arguments a version lacks, its properties layout),
-//! each inside [`boundary()`], which turns an error into its `ncclResult_t` plus one WARN
+//! each inside `boundary()`, which turns an error into its `ncclResult_t` plus one WARN
 //! line, and a panic into `ncclInternalError`: nothing unwinds into NCCL. Entry points every
 //! version shares unchanged are defined once, in the files below.
 //!

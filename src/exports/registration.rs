@@ -68,6 +68,7 @@ pub(crate) unsafe extern "C" fn reg_mr_dma_buf(
     mhandle: *mut *mut c_void,
 ) -> c_int {
     boundary("regMrDmaBuf", || {
+        // SAFETY: NULL or NCCL's out-pointer for the handle, writable for one pointer.
         if let Some(slot) = unsafe { mhandle.as_mut() } {
             *slot = std::ptr::null_mut();
         }
@@ -97,6 +98,7 @@ pub(crate) unsafe extern "C" fn get_device_mr(
 ) -> c_int {
     boundary("getDeviceMr", || {
         // A host plugin has no device-side handles.
+        // SAFETY: NULL or NCCL's out-pointer for the device handle, writable for one pointer.
         if let Some(slot) = unsafe { dptr.as_mut() } {
             *slot = std::ptr::null_mut();
         }

@@ -82,7 +82,6 @@ pub(crate) unsafe fn isend(
 ) -> Result<()> {
     // SAFETY: per the caller.
     let comm = unsafe { comm_for(send_comm, Direction::Send)? };
-    // SAFETY: NCCL passes the mhandle regMr gave it, or NULL.
     let len = byte_count(size)?;
     // SAFETY: NCCL passes the mhandle regMr gave it, or NULL.
     let (descs, host, starts) = unsafe { desc_of(comm, mhandle, data, len)? };
