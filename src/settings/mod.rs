@@ -90,7 +90,7 @@ pub struct Settings {
     /// [`sizing_for`](crate::sizing::sizing_for)).
     pub lanes_auto: bool,
     pub threads_auto: bool,
-    /// Flows per comm (`NCCL_FABRIC_FLOWS`; 0: by each device's speed, see [`flows_for`]).
+    /// Flows per comm (`NCCL_FABRIC_FLOWS`; 0: by each device's speed, see [`flows_for`](crate::sizing::flows_for)).
     pub flows: usize,
     /// Progress threads per device (with `progress_thread`).
     pub threads: usize,
