@@ -444,11 +444,9 @@ fn progress_threads_sleep_where_the_provider_wakes_them() {
 // ---------------------------------------------------------------------------------------
 // Two processes: handles cross over pipes.
 
-#[test]
-#[ignore = "child process of another test"]
-fn child_process_rank() {
-    let lib = init();
-    let until = deadline(90);
+/// A child rank's start: listens, prints its handle, reads its peer's from stdin, and
+/// connects to the peer while accepting it: (send comm, receive comm, listen comm).
+fn pair_with_peer(lib: &PluginLib, until: Instant) -> (Ptr, Ptr, Ptr) {
     let (handle, listen) = lib.listen(0).expect("listen");
     println!("RESULT handle={}", handle_to_hex(&handle));
     let mut peer = handle_from_hex(&read_stdin_line(Duration::from_secs(30))).expect("peer handle");
@@ -462,8 +460,16 @@ fn child_process_rank() {
         }
         assert!(Instant::now() < until, "connect/accept deadline");
     }
+    (send.unwrap(), recv.unwrap(), listen)
+}
+
+#[test]
+#[ignore = "child process of another test"]
+fn child_process_rank() {
+    let lib = init();
+    let until = deadline(90);
+    let (send, recv, listen) = pair_with_peer(&lib, until);
     lib.close_listen(listen).expect("closeListen");
-    let (send, recv) = (send.unwrap(), recv.unwrap());
     exchange(&lib, send, recv, until);
     lib.close_send(send).expect("closeSend");
     lib.close_recv(recv).expect("closeRecv");
@@ -479,20 +485,7 @@ fn child_process_rank() {
 fn child_rank_exiting_mid_receive() {
     let lib = init();
     let until = deadline(60);
-    let (handle, listen) = lib.listen(0).expect("listen");
-    println!("RESULT handle={}", handle_to_hex(&handle));
-    let mut peer = handle_from_hex(&read_stdin_line(Duration::from_secs(30))).expect("peer handle");
-    let (mut send, mut recv) = (None, None);
-    while send.is_none() || recv.is_none() {
-        if send.is_none() {
-            send = lib.connect(0, &mut peer).expect("connect");
-        }
-        if recv.is_none() {
-            recv = lib.accept(listen).expect("accept");
-        }
-        assert!(Instant::now() < until, "connect/accept deadline");
-    }
-    let (send, recv) = (send.unwrap(), recv.unwrap());
+    let (send, recv, listen) = pair_with_peer(&lib, until);
     std::thread::scope(|s| {
         s.spawn(|| recv_all(&lib, recv, 4096, 0, 4, until));
         send_all(&lib, send, 4096, 4, until);
