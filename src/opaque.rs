@@ -1,7 +1,7 @@
 //! NCCL's opaque handles: every pointer the plugin gives NCCL (listen, send and receive
 //! comms, memory registrations, contexts, requests) goes out and comes back through here.
 //!
-//! Objects travel as a boxed [`Tagged`] value whose first word is a magic number per kind,
+//! Objects travel as a boxed `Tagged` value whose first word is a magic number per kind,
 //! so a NULL, foreign or wrong-kind pointer is an error, not a misread. Requests are
 //! addresses of 64-byte aligned slots with a generation in their low 6 bits, so a pointer
 //! to a request that was already reported done is refused even when its slot is in use again.

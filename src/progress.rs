@@ -18,7 +18,7 @@
 //! it naps (20 µs, later 200 µs) while operations are in flight. Once nothing is in flight it
 //! sleeps (50 ms): then no completion can come, and a new operation wakes it at once
 //! (commands unpark it, and ring its bell); where it sleeps on wait objects it does so after
-//! [`SPIN_IDLE`] without work once nothing is in flight.
+//! `SPIN_IDLE` without work once nothing is in flight.
 //!
 //! The quiet time before sleeping is long by default: a collective's steps leave an endpoint
 //! without work for 0.05–1 ms at a time (its GPU filling the next slot), and a thread that

@@ -17,7 +17,7 @@
 //! receiver posts one receive over its whole buffer, which takes a whole message or a header
 //! alike; a header makes it post a receive for each piece at its offset, on the flow the piece
 //! travels on (piece `j` on flow `first + j mod flows`, each message's `first` after the
-//! previous one's pieces, see [`Comm::first_flow`]), while the pieces, sent at once behind the
+//! previous one's pieces, see `Comm::first_flow`), while the pieces, sent at once behind the
 //! header, wait for them in the provider (rxm holds a long message's rendezvous until its
 //! receive is posted). Pieces beyond the receive's buffer are taken in by empty receives (into
 //! the overflow area), so a truncation is reported with both sizes and neither side waits.

@@ -85,7 +85,7 @@ pub fn later(delay: Duration, chore: Chore) {
     mailbox().push(Job::Later(Instant::now() + delay, chore));
 }
 
-/// At the last finalize: every adopted endpoint closes within [`FLUSH_WAIT`], once its sinks
+/// At the last finalize: every adopted endpoint closes within `FLUSH_WAIT`, once its sinks
 /// have been quiet for a moment, without finalize waiting for it (a communicator made right
 /// after must not pay for the last one's leftovers).
 pub fn flush() {

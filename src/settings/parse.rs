@@ -1,5 +1,5 @@
 //! Reading the environment into [`Settings`]: each value checked against its kind in
-//! [`TABLE`](super::TABLE), and every setting as this environment has it.
+//! [`TABLE`], and every setting as this environment has it.
 
 use super::table::*;
 use super::{EndpointSharing, HmemMode, Settings};
