@@ -78,6 +78,11 @@ impl Pace {
         }
     }
 
+    /// The piece size the peers agreed on (0: whole messages).
+    pub fn agreed(&self) -> usize {
+        self.agreed
+    }
+
     /// Whether it may change how it cuts.
     pub fn adapts(&self) -> bool {
         self.floor > 0

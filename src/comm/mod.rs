@@ -133,9 +133,8 @@ pub struct Comm {
     wires: Box<[Wire]>,
     pub peer: PeerInfo,
     me: Identity,
-    /// Pieces are this long at least (0: whole messages), as both ends agreed.
-    piece: usize,
-    /// How finely a send comm cuts now (see `pace`).
+    /// How finely it cuts (see `pace`): a receive comm, and a send comm whose piece size
+    /// was set, at the size both ends agreed.
     pace: Pace,
     /// Most pieces it cuts a message into.
     most: usize,
@@ -267,7 +266,6 @@ impl Comm {
             dev,
             wires,
             peer,
-            piece,
             pace: match (dir, adapt) {
                 (Direction::Send, true) => Pace::adaptive(piece, crate::sizing::FLOW_MBPS),
                 _ => Pace::fixed(piece),
@@ -312,7 +310,7 @@ impl Comm {
             ),
             false => String::new(),
         };
-        match (self.piece, self.wires.len()) {
+        match (self.piece(), self.wires.len()) {
             (0, _) => "whole messages".into(),
             (p, 1) => format!(
                 "messages over {p} bytes in up to {} pieces{finer}",
@@ -341,13 +339,18 @@ impl Comm {
             false => format!(
                 "its flows move faster than {} Mbit/s each again: pieces of {} bytes at least",
                 crate::sizing::FLOW_MBPS,
-                self.piece
+                self.piece()
             ),
         };
         match !SAID[fine as usize].swap(true, Ordering::Relaxed) {
             true => tracing::info!("send comm {}: {what}", self.peer_text()),
             false => tracing::debug!("send comm {}: {what}", self.peer_text()),
         }
+    }
+
+    /// The piece size both ends agreed (0: whole messages).
+    pub(super) fn piece(&self) -> usize {
+        self.pace.agreed()
     }
 
     /// Its own lane: whole messages and headers go there.

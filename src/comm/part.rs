@@ -42,7 +42,7 @@ impl Owned for Comm {
     /// driver's thread, rather than at NCCL's next `test` (a receiver that makes no call
     /// meanwhile would hold the sender's pieces back).
     fn completed(&self, op: &Op) {
-        if self.dir != Direction::Recv || self.piece == 0 || op.status() != Status::Done(0) {
+        if self.dir != Direction::Recv || self.piece() == 0 || op.status() != Status::Done(0) {
             return;
         }
         let Some(layout) = self.lane().tags.layout_of(op.tag()) else {
@@ -116,7 +116,7 @@ impl Part {
     /// How a received message is cut, from the tag its first part arrived with (`None`: a
     /// whole message, or a comm that takes whole messages only).
     pub(super) fn layout(&self, comm: &Comm) -> Option<Layout> {
-        match (comm.piece, comm.dir) {
+        match (comm.piece(), comm.dir) {
             (0, _) | (_, Direction::Send) => None,
             _ => comm.lane().tags.layout_of(self.op.tag()),
         }

@@ -206,7 +206,7 @@ impl Comm {
         // How this send is cut, read once: the header and the pieces must agree.
         let piece = match self.dir {
             Direction::Send => self.pace.piece(),
-            Direction::Recv => self.piece,
+            Direction::Recv => self.piece(),
         };
         // The first operation of buffer `i`: a whole message or header for a send, the
         // receive over the whole buffer for a receive.
@@ -237,7 +237,7 @@ impl Comm {
                     desc: b.descs[0],
                     src: first.source(),
                     tag,
-                    ignore: match self.piece {
+                    ignore: match self.piece() {
                         0 => 0,
                         _ => first.lane.tags.first_ignores(),
                     },
