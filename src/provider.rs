@@ -170,7 +170,7 @@ pub fn admissible(provider: &str, domain: &str, settings: &Settings) -> Result<(
 }
 
 /// The settings' filters in turn, what the user selected first (provider, domains), then
-/// what is refused (native tcp, excluded domains): how many a candidate passed, and the
+/// what is refused (native tcp, rxm writing long messages, excluded domains): how many a candidate passed, and the
 /// verdict. A candidate that got further came closer to being used.
 fn admission(provider: &str, domain: &str, settings: &Settings) -> (usize, Result<(), String>) {
     if !settings.providers.is_empty() && !settings.providers.iter().any(|p| p == provider) {
@@ -189,6 +189,9 @@ fn admission(provider: &str, domain: &str, settings: &Settings) -> (usize, Resul
         return (1, Err(why));
     }
     if let Some(why) = crate::quirks::native_tcp_refusal(provider, settings.allow_native_tcp) {
+        return (2, Err(why.into()));
+    }
+    if let Some(why) = crate::quirks::rxm_write_refusal(provider, settings.rxm_rndv_write) {
         return (2, Err(why.into()));
     }
     if let Some(p) = settings

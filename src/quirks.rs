@@ -22,6 +22,9 @@
 //!   provider never truncates and the plugin reports the sizes itself (see `overflow`).
 //! - **Native tcp** RDM hangs under NCCL (ofiwg/libfabric#8963): refused unless allowed
 //!   ([`native_tcp_refusal`]).
+//! - **rxm's write rendezvous** (`FI_OFI_RXM_USE_RNDV_WRITE=1`) writes long messages at the
+//!   start of the receive's registration, not into NCCL's receive: refused
+//!   ([`rxm_write_refusal`]).
 //! - **Refused connections go unreported**: a CONNECT to a port nobody listens on is retried
 //!   by rxm and tcp, and shm waits for a name that never appears; none fails the send. A
 //!   connect that has waited a second checks the address itself ([`refused`]).
@@ -285,6 +288,19 @@ pub fn native_tcp_refusal(provider: &str, allowed: bool) -> Option<&'static str>
     )
 }
 
+/// Why rxm is refused where `FI_OFI_RXM_USE_RNDV_WRITE` is on: rxm then sends a long
+/// message by writing it into the receiver's buffer, at the address the receiver names, and
+/// over tcp, with the plugin's registrations (`claim_local_mr`), that is offset 0 of the
+/// registration, not where NCCL's receive lies in it (a slot of NCCL's buffer, a piece). The
+/// data arrives in the wrong place: seen on the GPU machine (libfabric 2.1, all_reduce
+/// wrong at every size) and in the test machine's piece script. rxm's default, reads, works.
+pub fn rxm_write_refusal(provider: &str, rndv_write: bool) -> Option<&'static str> {
+    (claim_local_mr(provider) && rndv_write).then_some(
+        "FI_OFI_RXM_USE_RNDV_WRITE is on: rxm would write long messages at the start of the \
+         receive's registration, not into NCCL's receive; unset it",
+    )
+}
+
 /// Whether an endpoint whose setup failed before `fi_enable` may be closed. No: some
 /// providers crash in `fi_close` then, so it is left open (a few KiB, once per failure).
 pub fn close_unenabled_endpoints() -> bool {
@@ -423,6 +439,9 @@ mod tests {
         assert!(native_tcp_refusal("tcp", false).is_some());
         assert!(native_tcp_refusal("tcp", true).is_none());
         assert!(native_tcp_refusal("tcp;ofi_rxm", false).is_none());
+        assert!(rxm_write_refusal("tcp;ofi_rxm", true).is_some());
+        assert!(rxm_write_refusal("tcp;ofi_rxm", false).is_none());
+        assert!(rxm_write_refusal("shm", true).is_none());
         let v = crate::fabric::fi_version;
         assert!(stale_source_after_reconnect("tcp;ofi_rxm", v(1, 17)).is_some());
         assert!(stale_source_after_reconnect("tcp;ofi_rxm", v(2, 1)).is_none());

@@ -101,6 +101,31 @@ fn require_fails_with_the_reason() {
     assert!(warn.contains(&shm_answer().to_string()), "{warn}");
 }
 
+/// rxm's write rendezvous would put long messages at the start of NCCL's registrations: init
+/// refuses rxm while it is on, in one line that says which variable to unset.
+#[test]
+fn rxm_writing_long_messages_is_refused() {
+    let f = run_child_ok(
+        "child_init",
+        &env_with(&[
+            ("NCCL_FABRIC_PROVIDER", "tcp;ofi_rxm"),
+            ("FI_OFI_RXM_USE_RNDV_WRITE", "1"),
+        ]),
+        T,
+    );
+    assert_ne!(f.result("init"), Some("0".into()), "{}", f.stderr);
+    let warn = f
+        .stderr
+        .lines()
+        .find(|l| l.contains("NCCL WARN NET/Fabric"))
+        .unwrap_or_else(|| panic!("{}", f.stderr));
+    assert!(
+        warn.contains("FI_OFI_RXM_USE_RNDV_WRITE is on") && warn.contains("unset it"),
+        "{warn}"
+    );
+    assert!(warn.len() < 600, "one short line: {warn}");
+}
+
 #[test]
 fn off_and_force_modes() {
     for mode in ["off", "force"] {

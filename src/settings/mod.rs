@@ -75,6 +75,9 @@ pub struct Settings {
     pub stall_warn_ms: u64,
     pub speed_mbps: u64,
     pub allow_native_tcp: bool,
+    /// libfabric's `FI_OFI_RXM_USE_RNDV_WRITE` as libfabric reads it: rxm sends long
+    /// messages by writing into the receiver's buffer (see `quirks::rxm_write_refusal`).
+    pub rxm_rndv_write: bool,
     /// One device over every NIC (`NCCL_FABRIC_MERGE`).
     pub merge: bool,
     pub progress_thread: bool,

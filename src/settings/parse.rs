@@ -36,6 +36,18 @@ fn value(lookup: &impl Fn(&str) -> Option<String>, name: &str) -> Result<String>
     )))
 }
 
+/// libfabric's variable that makes rxm write long messages (read by `quirks`).
+const RXM_RNDV_WRITE: &str = "FI_OFI_RXM_USE_RNDV_WRITE";
+
+/// Whether libfabric reads `text` as a true boolean (`fi_parse_bool`: 1, true, yes, on).
+fn libfabric_true(text: &str) -> bool {
+    let t = text.trim();
+    t == "1"
+        || ["true", "yes", "on"]
+            .iter()
+            .any(|w| t.eq_ignore_ascii_case(w))
+}
+
 fn list(text: &str) -> Vec<String> {
     text.split(',')
         .map(str::trim)
@@ -91,6 +103,7 @@ impl Settings {
             stall_warn_ms: number(STALL_WARN_MS)?,
             speed_mbps: number(SPEED_MBPS)?,
             allow_native_tcp: value(&lookup, ALLOW_TCP_RDM)? == "yes",
+            rxm_rndv_write: lookup(RXM_RNDV_WRITE).is_some_and(|v| libfabric_true(&v)),
             merge: value(&lookup, MERGE)? == "yes",
             progress_thread: threads == "yes",
             progress_spin: Some(Duration::from_micros(number(PROGRESS_SPIN_US)?))
@@ -206,6 +219,27 @@ pub(super) mod tests {
             1000
         );
         assert!(parse(&[(PEER_TIMEOUT_MS, "10")]).is_err());
+    }
+
+    #[test]
+    fn rxm_writes_are_read_as_libfabric_reads_them() {
+        assert!(!parse(&[]).unwrap().rxm_rndv_write);
+        for on in ["1", "yes", "TRUE", "on"] {
+            assert!(
+                parse(&[(RXM_RNDV_WRITE, on)]).unwrap().rxm_rndv_write,
+                "{on}"
+            );
+        }
+        for off in ["0", "no", "false", "off", "2"] {
+            assert!(
+                !parse(&[(RXM_RNDV_WRITE, off)]).unwrap().rxm_rndv_write,
+                "{off}"
+            );
+        }
+        let s = parse(&[(RXM_RNDV_WRITE, "1")]).unwrap();
+        let why = crate::provider::admissible("tcp;ofi_rxm", "eth0", &s).unwrap_err();
+        assert!(why.contains("FI_OFI_RXM_USE_RNDV_WRITE"), "{why}");
+        assert!(crate::provider::admissible("shm", "shm", &s).is_ok());
     }
 
     #[test]
