@@ -3,7 +3,7 @@
 # libfabric 1.17 (headers, library, fi_info), libclang for bindgen, iproute2 and util-linux
 # for the tests' hosts (network namespaces joined by veth pairs), and the autotools
 # that build libfabric 2.1 from source (scripts/build-libfabric.sh), with its ucx provider
-# against Debian's UCX (libucx-dev).
+# against Debian's UCX (libucx-dev), and python3 for the GPU driver's dry run.
 # Safe to run again: apt-get skips what is already installed.
 set -euo pipefail
 
@@ -15,6 +15,7 @@ packages=(
   dpkg-dev ca-certificates
   valgrind util-linux iproute2
   libucx-dev
+  python3
 )
 
 missing=()

@@ -15,6 +15,16 @@ prefix=$(bash scripts/build-libfabric.sh)
 echo "== format and lint"
 cargo fmt --all --check
 cargo clippy --workspace --all-targets --quiet -- -D warnings
+# The GPU driver (scripts/gpu/run.py): every stage's commands, printed without a GPU.
+stages=$(python3 scripts/gpu/run.py --help | sed -n '/^Stages:/,$p' | awk '/^  [a-z]/ {print $1}')
+if dry=$(OUT=target/gpu-dry-run python3 scripts/gpu/run.py --dry-run $stages 2>&1) &&
+  ! grep -q "stage .* failed" <<<"$dry"; then
+  echo "scripts/gpu/run.py --dry-run: $(wc -w <<<"$stages") stages"
+else
+  echo "$dry" | tail -20 >&2
+  echo "test.sh: scripts/gpu/run.py --dry-run failed" >&2
+  exit 1
+fi
 
 echo "== tests against libfabric $(pkg-config --modversion libfabric) (system)"
 cargo test
