@@ -151,19 +151,20 @@ struct PluginSide<'a> {
     lib: &'a PluginLib,
     comm: Ptr,
     send: bool,
-    /// Registrations per buffer address.
-    mrs: parking_lot::Mutex<Vec<(usize, Ptr)>>,
+    /// Registrations per buffer address and length: a later size's buffer may be allocated
+    /// where an earlier, shorter one was, and a send outside its registration is refused.
+    mrs: parking_lot::Mutex<Vec<(usize, usize, Ptr)>>,
 }
 
 impl PluginSide<'_> {
     fn mr(&self, buf: *mut u8, len: usize) -> Ptr {
         let mut mrs = self.mrs.lock();
-        if let Some(&(_, m)) = mrs.iter().find(|(a, _)| *a == buf as usize) {
+        if let Some(&(_, _, m)) = mrs.iter().find(|(a, l, _)| (*a, *l) == (buf as usize, len)) {
             return m;
         }
         // SAFETY: benchmark buffers outlive the run; registrations are never released early.
         let m = unsafe { self.lib.reg_mr(self.comm, buf.cast(), len, PTR_HOST) }.expect("regMr");
-        mrs.push((buf as usize, m));
+        mrs.push((buf as usize, len, m));
         m
     }
 }
@@ -415,7 +416,7 @@ fn run_one(provider: &str) {
     }
     // Close as NCCL does, so providers release what they hold (shm's /dev/shm files).
     for side in [&p_send, &p_recv, &p_back_send, &p_back_recv] {
-        for (_, m) in side.mrs.lock().drain(..) {
+        for (_, _, m) in side.mrs.lock().drain(..) {
             lib.dereg_mr(side.comm, m).expect("deregMr");
         }
     }
@@ -443,6 +444,7 @@ fn main() {
             providers.push("tcp".into());
         }
     }
+    let mut failed = 0;
     for p in providers {
         let status = Command::new(std::env::current_exe().expect("bench binary"))
             .env("NFAB_BENCH_PROVIDER", &p)
@@ -458,6 +460,10 @@ fn main() {
             .expect("run provider benchmark");
         if !status.success() {
             eprintln!("benchmark for {p} failed: {status}");
+            failed += 1;
         }
+    }
+    if failed > 0 {
+        std::process::exit(1);
     }
 }
