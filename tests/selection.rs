@@ -76,6 +76,16 @@ fn shm_offers_hmem_but_settles_on_host_buffers() {
     );
 }
 
+/// The plugin's WARN line of a failed init, checked to be one short line.
+fn init_warning(stderr: &str) -> &str {
+    let warn = stderr
+        .lines()
+        .find(|l| l.contains("NCCL WARN NET/Fabric"))
+        .unwrap_or_else(|| panic!("{stderr}"));
+    assert!(warn.len() < 600, "one short line: {warn}");
+    warn
+}
+
 #[test]
 fn require_fails_with_the_reason() {
     let f = run_child_ok(
@@ -87,17 +97,12 @@ fn require_fails_with_the_reason() {
         f.result("init"),
         Some((NcclResult::InvalidUsage as i32).to_string())
     );
-    let warn = f
-        .stderr
-        .lines()
-        .find(|l| l.contains("NCCL WARN NET/Fabric"))
-        .unwrap_or_else(|| panic!("{}", f.stderr));
+    let warn = init_warning(&f.stderr);
     assert!(warn.contains("NCCL_FABRIC_HMEM=require"), "{warn}");
     assert!(
         warn.contains("closest shm on shm (Hmem pass)"),
         "the candidate that came closest: {warn}"
     );
-    assert!(warn.len() < 600, "one short line: {warn}");
     assert!(warn.contains(&shm_answer().to_string()), "{warn}");
 }
 
@@ -114,16 +119,11 @@ fn rxm_writing_long_messages_is_refused() {
         T,
     );
     assert_ne!(f.result("init"), Some("0".into()), "{}", f.stderr);
-    let warn = f
-        .stderr
-        .lines()
-        .find(|l| l.contains("NCCL WARN NET/Fabric"))
-        .unwrap_or_else(|| panic!("{}", f.stderr));
+    let warn = init_warning(&f.stderr);
     assert!(
         warn.contains("FI_OFI_RXM_USE_RNDV_WRITE is on") && warn.contains("unset it"),
         "{warn}"
     );
-    assert!(warn.len() < 600, "one short line: {warn}");
 }
 
 #[test]
