@@ -1,23 +1,35 @@
-//! How finely a send comm cuts its long messages, where the settings leave that to the
-//! plugin (`NCCL_FABRIC_PIECE_BYTES` unset).
+//! How a send comm cuts its long messages, where the settings leave that to the plugin
+//! (`NCCL_FABRIC_PIECE_BYTES` unset).
 //!
 //! Pieces of the agreed size (256 KiB by default) keep what each piece costs low where every
 //! connection moves fast: NCCL's 512 KiB steps then go in two pieces. Where the network caps
 //! every TCP connection (clouds cap each 5-tuple), what a comm moves is the number of its
 //! connections busy at once, so there each message is better cut into as many pieces as the
 //! comm has flows, down to [`FINE_PIECE`]. A comm tells the two apart from its own messages:
-//! a message in pieces that took longer than its largest piece needs at the comm's floor
-//! rate (the rate each flow was assumed to carry when the flows were counted, `FLOW_MBPS` of
-//! the sizing) says the flows are slower than assumed.
+//! a message that took longer than its largest piece needs at the comm's floor rate (the
+//! rate each flow was assumed to carry when the flows were counted, `FLOW_MBPS` of the
+//! sizing) says the flows are slower than assumed.
 //!
-//! [`TO_FINE`] such messages in a row make the comm cut finely; [`TO_COARSE`] faster ones in
-//! a row make it cut coarsely again. The second run is the longer: small pieces can look
-//! fast on a capped connection (a rate limiter lets a burst through after an idle spell,
-//! 64 KiB and more on `lo`), while a comm that moves fast and cut finely for a while (the
-//! receiver kept it waiting, its connections were being made) loses little.
+//! Where NCCL's calls drive the flows (no progress threads), pieces over fast flows cost more
+//! than they overlap: each flow's driver runs only when a call comes, so a message in pieces
+//! waits on as many turns as it has flows, where a whole message waits on one (512 KiB in
+//! pieces over 16 flows moved 0.08-0.2x of raw libfabric, whole 1.3x). Such comms start with
+//! whole messages on their first flow and cut them only once those prove slow. Whole
+//! messages queue on that flow one behind the other, so each is timed from when it was
+//! posted or the previous one finished, whichever is later, and they are judged
+//! [`WHOLE_BATCH`] at a time, by their bytes over the sum of their times: a provider that completes sends once the kernel took them
+//! (native `tcp`) completes them in bursts where the connection is capped, one after a long
+//! wait and the next at once.
+//!
+//! [`TO_FINE`] slow messages in a row (pieces), or [`WHOLE_RUN`] slow batches (whole
+//! messages), make the comm cut finely; [`TO_COARSE`] fast ones in a row make it cut
+//! coarsely again (or send whole messages again). The second run is the
+//! longer: small pieces can look fast on a capped connection (a rate limiter lets a burst
+//! through after an idle spell, 64 KiB and more on `lo`), while a comm that moves fast and
+//! cut finely for a while (the receiver kept it waiting, its connections were being made)
+//! loses little.
 
-use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
-use std::time::Duration;
+use parking_lot::Mutex;
 
 /// The smallest piece a comm cuts into where its flows are slow: NCCL's own Socket
 /// transport cuts no finer (its 64 KiB minimum chunk).
@@ -29,6 +41,12 @@ pub const TO_FINE: u32 = 8;
 /// Fast messages in a row that make a comm that cuts finely cut coarsely again.
 pub const TO_COARSE: u32 = 64;
 
+/// Whole messages judged together, by the bytes they moved over the time they took.
+pub const WHOLE_BATCH: u32 = 4;
+
+/// Slow batches of whole messages in a row that make a comm cut finely.
+pub const WHOLE_RUN: u32 = 2;
+
 /// Microseconds since the first call: the clock paced sends are timed by.
 pub fn now_us() -> u64 {
     static START: std::sync::OnceLock<std::time::Instant> = std::sync::OnceLock::new();
@@ -38,43 +56,95 @@ pub fn now_us() -> u64 {
         .as_micros() as u64
 }
 
-/// One send comm's choice of piece size.
+/// How a comm cuts its long messages now.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Cut {
+    /// Whole messages on the first flow.
+    Whole,
+    /// Pieces of the agreed size.
+    Coarse,
+    /// Pieces of [`FINE_PIECE`], as many as the comm has flows.
+    Fine,
+}
+
+impl Cut {
+    /// For log lines: `whole messages`, `coarsely`, `finely`.
+    pub fn text(self) -> &'static str {
+        match self {
+            Cut::Whole => "whole messages",
+            Cut::Coarse => "coarsely",
+            Cut::Fine => "finely",
+        }
+    }
+}
+
+/// A send that teaches its comm how fast its flows move: its largest piece, or the whole
+/// message, and when it was posted and seen done (`now_us`).
+#[derive(Debug, Clone, Copy)]
+pub struct Sample {
+    pub bytes: usize,
+    pub whole: bool,
+    pub posted_us: u64,
+    pub done_us: u64,
+}
+
+/// One send comm's choice of how to cut.
 #[derive(Debug)]
 pub struct Pace {
     /// The piece size the peers agreed on (0: whole messages).
     agreed: usize,
-    /// Bytes per second below which a piece counts as slow (0: the comm never adapts).
+    /// Bytes per second below which a message counts as slow (0: the comm never adapts).
     floor: u64,
-    /// Cutting finely now.
-    fine: AtomicBool,
+    /// How it cuts while its flows are fast: [`Cut::Whole`] or [`Cut::Coarse`].
+    fast: Cut,
+    state: Mutex<State>,
+}
+
+#[derive(Debug)]
+struct State {
+    cut: Cut,
     /// Messages in a row that disagreed with how the comm cuts now.
-    against: AtomicU32,
+    against: u32,
     /// Times it changed how it cuts.
-    changes: AtomicU32,
+    changes: u32,
+    /// When the last timed whole message was seen done (`now_us`).
+    whole_done_us: u64,
+    /// The whole messages of the batch so far: how many, their bytes, the microseconds they
+    /// took (each from its start: a comm that sat idle between them is not slow).
+    batch: (u32, u64, u64),
 }
 
 impl Pace {
     /// Always pieces of `agreed` bytes at least.
     pub fn fixed(agreed: usize) -> Self {
-        Self::new(agreed, 0)
+        Self::new(agreed, 0, Cut::Coarse)
     }
 
-    /// Pieces of `agreed` bytes, or of [`FINE_PIECE`] while the flows move less than
-    /// `floor_mbps` each.
-    pub fn adaptive(agreed: usize, floor_mbps: u64) -> Self {
+    /// Pieces of `agreed` bytes (or whole messages, with `whole_while_fast`), and pieces of
+    /// [`FINE_PIECE`] while the flows move less than `floor_mbps` each.
+    pub fn adaptive(agreed: usize, floor_mbps: u64, whole_while_fast: bool) -> Self {
+        let fast = match whole_while_fast {
+            true => Cut::Whole,
+            false => Cut::Coarse,
+        };
         match agreed > FINE_PIECE {
-            true => Self::new(agreed, floor_mbps * 1_000_000 / 8),
+            true => Self::new(agreed, floor_mbps * 1_000_000 / 8, fast),
             false => Self::fixed(agreed),
         }
     }
 
-    fn new(agreed: usize, floor: u64) -> Self {
+    fn new(agreed: usize, floor: u64, fast: Cut) -> Self {
         Pace {
             agreed,
             floor,
-            fine: AtomicBool::new(false),
-            against: AtomicU32::new(0),
-            changes: AtomicU32::new(0),
+            fast,
+            state: Mutex::new(State {
+                cut: fast,
+                against: 0,
+                changes: 0,
+                whole_done_us: 0,
+                batch: (0, 0, 0),
+            }),
         }
     }
 
@@ -88,120 +158,270 @@ impl Pace {
         self.floor > 0
     }
 
-    /// How often it changed how it cuts, and whether it cuts finely now.
-    pub fn changes(&self) -> (u32, bool) {
-        (
-            self.changes.load(Ordering::Relaxed),
-            self.fine.load(Ordering::Relaxed),
-        )
+    /// How it cuts while its flows are fast.
+    pub fn when_fast(&self) -> Cut {
+        self.fast
+    }
+
+    /// How often it changed how it cuts, and how it cuts now.
+    pub fn changes(&self) -> (u32, Cut) {
+        let s = self.state.lock();
+        (s.changes, s.cut)
     }
 
     /// The smallest piece to cut the next message into (0: whole messages).
     pub fn piece(&self) -> usize {
-        match self.fine.load(Ordering::Relaxed) {
-            true => FINE_PIECE,
-            false => self.agreed,
+        match self.state.lock().cut {
+            Cut::Whole => 0,
+            Cut::Coarse => self.agreed,
+            Cut::Fine => FINE_PIECE,
         }
     }
 
-    /// Learns from a message whose largest piece was `piece` bytes and that took `took`
-    /// from its post to its end. `Some(fine)` when the comm changes how it cuts.
-    pub fn learn(&self, piece: usize, took: Duration) -> Option<bool> {
+    /// What a send of `len` bytes tells of its flows' speed: `Some((bytes, whole))` to time
+    /// it by, its largest piece where it was cut (`largest`), or the whole message where one
+    /// that long would have been cut coarsely. Shorter whole messages tell nothing (their time
+    /// is latency).
+    pub fn times(&self, len: usize, largest: Option<usize>) -> Option<(usize, bool)> {
+        match largest {
+            _ if !self.adapts() => None,
+            Some(size) => Some((size, false)),
+            None if len > self.agreed => Some((len, true)),
+            None => None,
+        }
+    }
+
+    /// Learns from a send seen done. `Some(cut)` when the comm changes how it cuts.
+    pub fn learn(&self, sample: Sample) -> Option<Cut> {
         if !self.adapts() {
             return None;
         }
-        let micros = took.as_micros().max(1) as u64;
-        let slow = (piece as u64).saturating_mul(1_000_000) / micros < self.floor;
-        if slow == self.fine.load(Ordering::Relaxed) {
-            self.against.store(0, Ordering::Relaxed);
+        let mut s = self.state.lock();
+        let (bytes, micros, run) = match sample.whole {
+            true => {
+                let start = sample.posted_us.max(s.whole_done_us);
+                s.whole_done_us = sample.done_us;
+                let (n, bytes, micros) = s.batch;
+                let bytes = bytes + sample.bytes as u64;
+                let micros = micros + sample.done_us.saturating_sub(start);
+                if n + 1 < WHOLE_BATCH {
+                    s.batch = (n + 1, bytes, micros);
+                    return None;
+                }
+                s.batch = (0, 0, 0);
+                (bytes, micros, WHOLE_RUN)
+            }
+            false => (
+                sample.bytes as u64,
+                sample.done_us.saturating_sub(sample.posted_us),
+                TO_FINE,
+            ),
+        };
+        let slow = bytes.saturating_mul(1_000_000) / micros.max(1) < self.floor;
+        let fine = s.cut == Cut::Fine;
+        if slow == fine {
+            s.against = 0;
             return None;
         }
         let run = match slow {
-            true => TO_FINE,
+            true => run,
             false => TO_COARSE,
         };
-        if self.against.fetch_add(1, Ordering::Relaxed) + 1 < run {
+        s.against += 1;
+        if s.against < run {
             return None;
         }
-        self.against.store(0, Ordering::Relaxed);
-        self.fine.store(slow, Ordering::Relaxed);
-        self.changes.fetch_add(1, Ordering::Relaxed);
-        Some(slow)
+        s.against = 0;
+        s.cut = match slow {
+            true => Cut::Fine,
+            false => self.fast,
+        };
+        s.changes += 1;
+        Some(s.cut)
     }
 }
 
 #[cfg(test)]
 mod tests {
-    use super::{Pace, FINE_PIECE, TO_COARSE, TO_FINE};
+    use super::{Cut, Pace, Sample, FINE_PIECE, TO_COARSE, TO_FINE, WHOLE_BATCH, WHOLE_RUN};
+    use std::cell::Cell;
     use std::time::Duration;
 
     const AGREED: usize = 256 << 10;
+    /// The messages sent: 2 MiB, in 8 pieces of the agreed size.
+    const MESSAGE: usize = 2 << 20;
 
-    /// A 256 KiB piece at `mbps`.
-    fn at(mbps: u64) -> Duration {
-        Duration::from_micros(AGREED as u64 * 8 / mbps)
+    /// `bytes` at `mbps`.
+    fn at(bytes: usize, mbps: u64) -> Duration {
+        Duration::from_micros(bytes as u64 * 8 / mbps)
     }
 
-    /// Sends `n` messages, each taking what `took` says for its piece size: what the comm
-    /// said it changed to, in order.
-    fn send(pace: &Pace, n: u32, took: impl Fn(usize) -> Duration) -> Vec<bool> {
-        (0..n)
-            .filter_map(|_| {
-                let piece = pace.piece();
-                pace.learn(piece, took(piece))
+    /// A comm and the clock its sends are timed by.
+    struct Comm {
+        pace: Pace,
+        clock: Cell<u64>,
+    }
+
+    impl Comm {
+        fn new(pace: Pace) -> Self {
+            Comm {
+                pace,
+                clock: Cell::new(1_000),
+            }
+        }
+
+        /// Sends `n` messages one after another, each taking what `took` says for its
+        /// largest piece (the whole message: piece 0): what the comm said it changed to.
+        fn send(&self, n: u32, took: impl Fn(usize) -> Duration) -> Vec<Cut> {
+            (0..n)
+                .filter_map(|_| {
+                    let piece = self.pace.piece();
+                    let largest = (piece > 0).then_some(piece);
+                    let (bytes, whole) = self.pace.times(MESSAGE, largest)?;
+                    let posted_us = self.clock.get();
+                    let done_us = posted_us + took(piece).as_micros() as u64;
+                    self.clock.set(done_us);
+                    self.pace.learn(Sample {
+                        bytes,
+                        whole,
+                        posted_us,
+                        done_us,
+                    })
+                })
+                .collect()
+        }
+    }
+
+    /// A piece (or the whole message, piece 0) at `mbps`.
+    fn piece_at(mbps: u64) -> impl Fn(usize) -> Duration {
+        move |p| match p {
+            0 => at(MESSAGE, mbps),
+            p => at(p, mbps),
+        }
+    }
+
+    #[test]
+    fn a_run_of_slow_messages_cuts_finer_and_a_longer_run_of_fast_ones_coarser() {
+        let comm = Comm::new(Pace::adaptive(AGREED, 500, false));
+        let pace = &comm.pace;
+        assert_eq!(pace.piece(), AGREED, "coarse until the flows prove slow");
+        assert_eq!(comm.send(TO_FINE - 1, piece_at(250)), []);
+        assert_eq!(comm.send(1, piece_at(250)), [Cut::Fine]);
+        assert_eq!(pace.piece(), FINE_PIECE);
+        // Fine pieces at the same cap stay slow, and now and then burst through: nothing
+        // changes.
+        for _ in 0..10 {
+            assert_eq!(comm.send(TO_COARSE / 2, |_| Duration::from_micros(10)), []);
+            assert_eq!(comm.send(1, piece_at(250)), []);
+        }
+        assert_eq!(comm.send(TO_COARSE - 1, piece_at(2000)), []);
+        assert_eq!(comm.send(1, piece_at(2000)), [Cut::Coarse]);
+        assert_eq!(pace.piece(), AGREED);
+        assert_eq!(pace.changes(), (2, Cut::Coarse));
+    }
+
+    #[test]
+    fn one_message_against_the_run_starts_it_again() {
+        let comm = Comm::new(Pace::adaptive(AGREED, 500, false));
+        for _ in 0..10 {
+            assert_eq!(comm.send(TO_FINE - 1, piece_at(100)), []);
+            assert_eq!(
+                comm.send(1, piece_at(5000)),
+                [],
+                "a fast one among slow ones"
+            );
+        }
+        assert_eq!(comm.pace.piece(), AGREED);
+    }
+
+    #[test]
+    fn whole_while_fast_until_whole_messages_prove_slow_and_again_once_pieces_are_fast() {
+        let comm = Comm::new(Pace::adaptive(AGREED, 500, true));
+        let pace = &comm.pace;
+        assert_eq!(pace.piece(), 0, "whole messages while the flows are fast");
+        assert_eq!(comm.send(100, piece_at(5000)), []);
+        let to_fine = WHOLE_BATCH * WHOLE_RUN;
+        assert_eq!(comm.send(to_fine - 1, piece_at(250)), []);
+        assert_eq!(comm.send(1, piece_at(250)), [Cut::Fine]);
+        assert_eq!(pace.piece(), FINE_PIECE);
+        assert_eq!(comm.send(TO_COARSE - 1, piece_at(2000)), []);
+        assert_eq!(comm.send(1, piece_at(2000)), [Cut::Whole]);
+        assert_eq!(pace.piece(), 0);
+        assert_eq!(pace.changes(), (2, Cut::Whole));
+    }
+
+    /// Whole messages sent at `times`: (posted, done) in µs, each of [`MESSAGE`] bytes.
+    fn whole_at(pace: &Pace, times: impl IntoIterator<Item = (u64, u64)>) -> Vec<Cut> {
+        times
+            .into_iter()
+            .filter_map(|(posted_us, done_us)| {
+                pace.learn(Sample {
+                    bytes: MESSAGE,
+                    whole: true,
+                    posted_us,
+                    done_us,
+                })
             })
             .collect()
     }
 
     #[test]
-    fn a_run_of_slow_messages_cuts_finer_and_a_longer_run_of_fast_ones_coarser() {
-        let pace = Pace::adaptive(AGREED, 500);
-        assert_eq!(pace.piece(), AGREED, "coarse until the flows prove slow");
-        assert_eq!(send(&pace, TO_FINE - 1, |_| at(250)), []);
-        assert_eq!(send(&pace, 1, |_| at(250)), [true]);
-        assert_eq!(pace.piece(), FINE_PIECE);
-        // Fine pieces at the same cap stay slow, and now and then burst through: nothing
-        // changes.
-        for _ in 0..10 {
-            assert_eq!(
-                send(&pace, TO_COARSE / 2, |_| Duration::from_micros(10)),
-                []
-            );
-            assert_eq!(
-                send(&pace, 1, |p| at(250) * (p as u32) / (AGREED as u32)),
-                []
-            );
-        }
-        assert_eq!(send(&pace, TO_COARSE - 1, |_| at(8000) / 4), []);
-        assert_eq!(send(&pace, 1, |_| at(8000) / 4), [false]);
-        assert_eq!(pace.piece(), AGREED);
+    fn whole_messages_queued_together_are_timed_each_from_the_one_before() {
+        let pace = Pace::adaptive(AGREED, 500, true);
+        // Sixteen messages posted at once on one flow that moves 4 Gbit/s: the last is done
+        // sixteen messages' time after its post, but each took one message's time.
+        let one = at(MESSAGE, 4000).as_micros() as u64;
+        assert_eq!(
+            whole_at(&pace, (1..=16).map(|k| (1_000, 1_000 + k * one))),
+            []
+        );
+        assert_eq!(pace.piece(), 0);
     }
 
     #[test]
-    fn one_message_against_the_run_starts_it_again() {
-        let pace = Pace::adaptive(AGREED, 500);
-        for _ in 0..10 {
-            assert_eq!(send(&pace, TO_FINE - 1, |_| at(100)), []);
-            assert_eq!(
-                send(&pace, 1, |_| at(5000)),
-                [],
-                "a fast one among slow ones"
-            );
-        }
-        assert_eq!(pace.piece(), AGREED);
+    fn whole_messages_are_judged_by_batches() {
+        let one = at(MESSAGE, 4000).as_micros() as u64;
+        // Completions in bursts (a capped connection under a provider that completes a
+        // send once the kernel took it): one after a long wait, the next at once. Each
+        // batch is slow, so two batches make it cut finely.
+        let pace = Pace::adaptive(AGREED, 500, true);
+        let bursts = (0..8u64).map(|k| {
+            let t = 1_000 + (k / 2) * 100_000;
+            match k % 2 {
+                0 => (t, t + 100_000),
+                _ => (t + 100, t + 100_000 + 200),
+            }
+        });
+        assert_eq!(whole_at(&pace, bursts), [Cut::Fine]);
+        // A fast stream with one stall, and idle spells between its messages: still whole.
+        let pace = Pace::adaptive(AGREED, 500, true);
+        let stream = (0..64u64).map(|k| {
+            let t = 1_000 + k * 1_000_000;
+            match k {
+                10 => (t, t + 100_000),
+                _ => (t, t + one),
+            }
+        });
+        assert_eq!(whole_at(&pace, stream), []);
+        assert_eq!(pace.piece(), 0);
     }
 
     #[test]
-    fn set_sizes_and_small_ones_never_change() {
+    fn short_messages_and_set_sizes_teach_nothing() {
         for pace in [
             Pace::fixed(AGREED),
-            Pace::adaptive(FINE_PIECE, 500),
-            Pace::adaptive(0, 500),
+            Pace::adaptive(FINE_PIECE, 500, false),
+            Pace::adaptive(0, 500, true),
         ] {
-            let agreed = pace.piece();
-            assert_eq!(send(&pace, 2 * TO_FINE, |_| at(1)), []);
-            assert_eq!(pace.piece(), agreed);
-            assert!(!pace.adapts());
+            let comm = Comm::new(pace);
+            let agreed = comm.pace.piece();
+            assert_eq!(comm.send(2 * TO_FINE, |_| Duration::from_secs(1)), []);
+            assert_eq!(comm.pace.piece(), agreed);
+            assert!(!comm.pace.adapts());
         }
+        let pace = Pace::adaptive(AGREED, 500, true);
+        assert_eq!(pace.times(AGREED, None), None, "not longer than a piece");
+        assert_eq!(pace.times(AGREED + 1, None), Some((AGREED + 1, true)));
+        assert_eq!(pace.times(MESSAGE, Some(AGREED)), Some((AGREED, false)));
     }
 }

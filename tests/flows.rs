@@ -4,6 +4,8 @@
 //!
 //! - what one comm moves grows with its flows (`NCCL_FABRIC_FLOWS`), every flow carrying its
 //!   share, and by default it takes as many as the NIC's speed asks for;
+//! - a comm cuts finer where its flows prove slow, and one that NCCL's calls drive sends
+//!   whole messages on its first flow until they do;
 //! - messages in pieces arrive whole and verified when the pieces finish out of order (each
 //!   flow at another rate), with grouped receives and truncated ones among them;
 //! - a flow whose connection carries nothing any more fails the comm at both ends within the
@@ -84,8 +86,24 @@ fn child_flows_rank() {
         }
     }
     println!("RESULT warm=1");
+    // Where the test primes the comm (see `Prime`), it streams until its flows are made.
+    let mut line = read_stdin_line(scaled(60.0));
+    if line.trim() == "prime" {
+        let comm = if me == 0 { send } else { recv };
+        stream(
+            &lib,
+            comm,
+            PRIME_COUNT,
+            PRIME_SIZE,
+            AHEAD,
+            me == 0,
+            "prime_mb_per_s",
+        );
+        println!("RESULT primed=1");
+        line = read_stdin_line(scaled(60.0));
+    }
     // The test shapes or cuts the connections now.
-    assert_eq!(read_stdin_line(scaled(60.0)).trim(), "go");
+    assert_eq!(line.trim(), "go");
     let script = script();
     match (script.split_once(':'), me) {
         (Some(("stream", how)), _) => {
@@ -95,7 +113,7 @@ fn child_flows_rank() {
             let size = f.next().and_then(|v| v.parse().ok()).unwrap_or(BIG);
             let ahead = f.next().and_then(|v| v.parse().ok()).unwrap_or(AHEAD);
             let comm = if me == 0 { send } else { recv };
-            stream(&lib, comm, n, size, ahead, me == 0)
+            stream(&lib, comm, n, size, ahead, me == 0, "mb_per_s")
         }
         (None, _) if script == "shapes" => shapes(&lib, send, recv, me == 0),
         (None, _) if script == "cut" => until_cut(&lib, send, recv, me == 0),
@@ -113,9 +131,26 @@ fn child_flows_rank() {
 /// How many messages stream with each rank posting ahead, unless the script says.
 const AHEAD: usize = 2;
 
+/// The messages of a priming stream (see [`Prime`]): whole, the first [`TO_FINE`] of them
+/// prove the first flow slow; cut into 64 KiB pieces, the rest take every flow, up to 32,
+/// each carrying more than [`data_connections`] asks of a flow.
+///
+/// [`TO_FINE`]: nccl_net_fabric::pace::TO_FINE
+const PRIME_SIZE: usize = 2 << 20;
+const PRIME_COUNT: usize = 28;
+
 /// Streams `count` messages of `size` bytes, `ahead` at a time: sends them, or receives and
-/// checks them and prints the rate from the first message's arrival to the last's.
-fn stream(lib: &PluginLib, comm: Ptr, count: usize, size: usize, ahead: usize, sender: bool) {
+/// checks them and prints the rate from the first message's arrival to the last's (as
+/// `RESULT key=`).
+fn stream(
+    lib: &PluginLib,
+    comm: Ptr,
+    count: usize,
+    size: usize,
+    ahead: usize,
+    sender: bool,
+    key: &str,
+) {
     let deadline = until(120.0);
     // Each message is the pattern of its slot: the sender reuses its buffers.
     let expected: Vec<Vec<u8>> = (0..ahead).map(|i| pattern(i, size)).collect();
@@ -151,7 +186,7 @@ fn stream(lib: &PluginLib, comm: Ptr, count: usize, size: usize, ahead: usize, s
     if !sender {
         let secs = first.expect("messages came").elapsed().as_secs_f64();
         let rate = ((count - 1) * size) as f64 / secs / 1e6;
-        println!("RESULT mb_per_s={rate:.1}");
+        println!("RESULT {key}={rate:.1}");
     }
 }
 
@@ -344,13 +379,30 @@ fn both_ok(a: ChildTest, b: ChildTest, what: &str) -> [Finished; 2] {
     done
 }
 
-/// Two hosts (`hosts`) running `script` with `extra` settings: after the warm-up, `shape` may
-/// cap or cut host 0's connections that carried it (the first flow's first); then the script
-/// runs, and `after` learns from the hosts what it needs before the ranks close their comms.
+/// Whether the comms stream before the test shapes their connections.
+///
+/// A comm whose flows NCCL's calls drive sends whole messages on its first flow until those
+/// prove slow (see `pace`), so after the warm-up only that flow's connection exists. Primed,
+/// that connection is capped at [`CAP_MBIT`], the comm streams [`PRIME_COUNT`] messages
+/// (cutting them finely once the whole ones proved slow, which makes every flow's
+/// connection), and the cap is taken off again: the test then shapes every flow. A comm whose
+/// flows progress threads drive cuts from the first message, and priming it changes nothing
+/// the test looks at.
+#[derive(Clone, Copy, PartialEq)]
+enum Prime {
+    No,
+    Yes,
+}
+
+/// Two hosts (`hosts`) running `script` with `extra` settings: after the warm-up (and
+/// `prime`), `shape` may cap or cut host 0's connections that carried it (the first flow's
+/// first); then the script runs, and `after` learns from the hosts what it needs before the
+/// ranks close their comms.
 fn run_pair<T>(
     hosts: &Hosts,
     p: &str,
     extra: &[(&str, &str)],
+    prime: Prime,
     script: &str,
     shape: impl FnOnce(&Hosts, &[Connection]),
     after: impl FnOnce(&Hosts, &[Connection]) -> T,
@@ -361,6 +413,14 @@ fn run_pair<T>(
     let (mut a, mut b) = pair_on_hosts(hosts, "child_flows_rank", &env, scaled(CHILD));
     a.read_result("warm");
     b.read_result("warm");
+    if prime == Prime::Yes {
+        hosts.cap_flows(0, &data_connections(hosts)[..1], &[CAP_MBIT]);
+        a.send_line("prime");
+        b.send_line("prime");
+        a.read_result("primed");
+        b.read_result("primed");
+        hosts.uncap(0);
+    }
     let flows = data_connections(hosts);
     shape(hosts, &flows);
     a.send_line("go");
@@ -412,6 +472,9 @@ fn sent_since(hosts: &Hosts, flows: &[Connection]) -> Vec<u64> {
         .collect()
 }
 
+/// One comm streaming 8 MiB messages with 1 flow, 4 and the default (16 over a veth), every
+/// connection capped at [`CAP_MBIT`] (primed: see [`Prime`]): the rate grows with the flows,
+/// each carrying its share.
 #[test]
 fn a_comm_moves_more_with_more_flows_on_capped_links() {
     if !hosts_or_skip() {
@@ -422,10 +485,15 @@ fn a_comm_moves_more_with_more_flows_on_capped_links() {
         let mut rates = Vec::new();
         // (flows setting, messages): two to three seconds each at the cap.
         for (flows, count) in [("1", 4), ("4", 12), ("0", 40)] {
+            let prime = match flows {
+                "1" => Prime::No,
+                _ => Prime::Yes,
+            };
             let ([_, b], sent) = run_pair(
                 &Hosts::new(2),
                 p,
                 &[("NCCL_FABRIC_FLOWS", flows)],
+                prime,
                 &format!("stream:{count}"),
                 |hosts, flows| hosts.cap_flows(0, flows, &[CAP_MBIT]),
                 sent_since,
@@ -452,7 +520,7 @@ fn a_comm_moves_more_with_more_flows_on_capped_links() {
             assert_eq!(
                 sent.len(),
                 k,
-                "over {p}, flows {flows}: connections that carried the warm-up"
+                "over {p}, flows {flows}: connections of the warm-up and priming"
             );
             // Every flow carried its share of the stream.
             carry_shares(
@@ -495,6 +563,7 @@ fn flows_beyond_the_lanes_are_connections_of_their_own() {
                 &Hosts::new(2),
                 p,
                 &[("NCCL_FABRIC_FLOWS", &k), ("NCCL_FABRIC_LANES", lanes)],
+                Prime::Yes,
                 &format!("stream:{count}"),
                 |hosts, flows| hosts.cap_flows(0, flows, &[CAP_MBIT]),
                 sent_since,
@@ -513,7 +582,7 @@ fn flows_beyond_the_lanes_are_connections_of_their_own() {
             assert_eq!(
                 sent.len(),
                 flows,
-                "over {p}, {flows} flows on {lanes} lanes: connections that carried the warm-up"
+                "over {p}, {flows} flows on {lanes} lanes: connections of the warm-up and priming"
             );
             carry_shares(
                 &sent,
@@ -547,7 +616,8 @@ fn short_messages_in_pieces_take_the_flows_in_turn() {
         let ([_, b], sent) = run_pair(
             &Hosts::new(2),
             p,
-            &[],
+            &[("NCCL_FABRIC_PIECE_BYTES", "262144")],
+            Prime::No,
             &format!("stream:{COUNT}:{STEP}:8"),
             |hosts, flows| hosts.cap_flows(0, flows, &[CAP_MBIT]),
             sent_since,
@@ -567,50 +637,133 @@ fn short_messages_in_pieces_take_the_flows_in_turn() {
     }
 }
 
-/// NCCL's steps (512 KiB) two at a time on a comm of 16 flows. Where every connection is
-/// capped, the send comm sees its pieces move under 500 Mbit/s and cuts each step into 8
-/// pieces of 64 KiB rather than 2 of 256 KiB (saying so once, INFO), so that each step keeps
-/// 8 connections busy. A size set (`NCCL_FABRIC_PIECE_BYTES`) is kept. The rates are
-/// printed: uncapped, capped, and capped held to 256 KiB pieces.
+/// NCCL's steps (512 KiB) two at a time on a comm of 16 flows that progress threads drive.
+/// Where every connection is capped, the send comm sees its pieces move under 500 Mbit/s and
+/// cuts each step into 8 pieces of 64 KiB rather than 2 of 256 KiB (saying so once, INFO),
+/// so that each step keeps 8 connections busy. A size set (`NCCL_FABRIC_PIECE_BYTES`) is
+/// kept. The rates are printed: uncapped, capped, and capped held to 256 KiB pieces.
 #[test]
 fn a_comm_whose_flows_are_capped_cuts_finer() {
     if !hosts_or_skip() {
         return;
     }
     let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
-    const STEP: usize = 512 << 10;
-    const COUNT: usize = 64;
-    const FINER: &str = "as where a network caps each connection";
-    let stream = format!("stream:{COUNT}:{STEP}:2");
+    let stream = format!("stream:{STEPS}:{STEP}:2");
     let cap = |hosts: &Hosts, flows: &[Connection]| hosts.cap_flows(0, flows, &[CAP_MBIT]);
     let rate = |f: &Finished| f.result("mb_per_s").unwrap();
+    let threads = [("NCCL_FABRIC_PROGRESS_THREAD", "yes")];
     for p in striping_providers() {
         // Uncapped, whether it cuts finer for a while depends on the machine's load (and on
         // its connections being made), so it is only printed: a timing, not a check.
-        let ([a, b], _) = run_pair(&Hosts::new(2), p, &[], &stream, |_, _| {}, |_, _| ());
+        let ([a, b], _) = run_pair(
+            &Hosts::new(2),
+            p,
+            &threads,
+            Prime::No,
+            &stream,
+            |_, _| {},
+            |_, _| (),
+        );
         let (uncapped, finer_uncapped) = (rate(&b), a.stderr.contains(FINER));
-        let ([a, b], sent) = run_pair(&Hosts::new(2), p, &[], &stream, cap, sent_since);
-        // rxm completes a long send once the receiver has read it, so its time shows the cap.
-        // Native tcp completes a send once the kernel has taken it: the cap shows only after
-        // the connections' socket buffers (up to 4 MiB each) have filled, past this stream.
-        let sees_caps = p == "tcp;ofi_rxm";
+        let ([a, b], sent) = run_pair(
+            &Hosts::new(2),
+            p,
+            &threads,
+            Prime::No,
+            &stream,
+            cap,
+            sent_since,
+        );
         assert!(
-            !sees_caps || a.stderr.contains(FINER),
+            !sees_caps(p) || a.stderr.contains(FINER),
             "over {p}, capped: the comm says it cuts finer: {}",
             a.stderr
         );
-        carry_shares(&sent, (COUNT * STEP) as u64, &format!("over {p}, capped"));
-        let held = [("NCCL_FABRIC_PIECE_BYTES", "262144")];
-        let ([a2, b2], _) = run_pair(&Hosts::new(2), p, &held, &stream, cap, |_, _| ());
+        carry_shares(&sent, (STEPS * STEP) as u64, &format!("over {p}, capped"));
+        let held = [threads[0], ("NCCL_FABRIC_PIECE_BYTES", "262144")];
+        let ([a2, b2], _) = run_pair(&Hosts::new(2), p, &held, Prime::No, &stream, cap, |_, _| ());
         assert!(!a2.stderr.contains(FINER), "over {p}: a set size is kept");
         eprintln!(
-            "{p}: {COUNT} messages of {STEP} bytes, 2 in flight, 16 flows: uncapped {uncapped} \
-             MB/s (cut finer for a while: {finer_uncapped}); capped at {CAP_MBIT} Mbit/s per \
-             connection {} MB/s, held to 256 KiB pieces {} MB/s; cut finer: {}; sent per \
-             connection {sent:?}",
+            "{p}: {STEPS} messages of {STEP} bytes, 2 in flight, 16 flows, progress threads: \
+             uncapped {uncapped} MB/s (cut finer for a while: {finer_uncapped}); capped at \
+             {CAP_MBIT} Mbit/s per connection {} MB/s, held to 256 KiB pieces {} MB/s; cut \
+             finer: {}; sent per connection {sent:?}",
             rate(&b),
             rate(&b2),
             a.stderr.contains(FINER)
+        );
+    }
+}
+
+/// NCCL's steps (512 KiB). A comm the steps are cut in.
+const STEP: usize = 512 << 10;
+/// The steps a stream of the pace tests sends.
+const STEPS: usize = 64;
+/// What a send comm says when it starts cutting finely.
+const FINER: &str = "as where a network caps each connection";
+
+/// rxm completes a long send once the receiver has read it, so its time shows a cap. Native
+/// tcp completes a send once the kernel has taken it: the cap shows only after the
+/// connection's socket buffer (up to 4 MiB) has filled, past a stream of the pace tests over
+/// 16 connections.
+fn sees_caps(p: &str) -> bool {
+    p == "tcp;ofi_rxm"
+}
+
+/// The same steps on a comm of 16 flows that NCCL's calls drive (no progress threads): it
+/// sends them whole on its first flow while that is fast. With that flow's connection capped,
+/// the whole steps prove slow and the comm cuts them finely over all its flows, whose
+/// connections carry the rest of the stream.
+#[test]
+fn a_comm_driven_by_calls_sends_whole_until_its_first_flow_proves_slow() {
+    if !hosts_or_skip() {
+        return;
+    }
+    let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    let stream = format!("stream:{STEPS}:{STEP}:2");
+    let whole = "once whole messages on the first flow prove slower than 500 Mbit/s";
+    let by_calls = [("NCCL_FABRIC_PROGRESS_THREAD", "no")];
+    for p in striping_providers() {
+        let ([a, b], (first, carried)) = run_pair(
+            &Hosts::new(2),
+            p,
+            &by_calls,
+            Prime::No,
+            &stream,
+            |hosts, flows| {
+                assert_eq!(
+                    flows.len(),
+                    1,
+                    "over {p}: the warm-up went whole on one flow"
+                );
+                hosts.cap_flows(0, flows, &[CAP_MBIT]);
+            },
+            |hosts, flows| {
+                let carried = data_connections(hosts).len();
+                (sent_since(hosts, flows)[0], carried)
+            },
+        );
+        assert!(
+            a.stderr.contains(whole),
+            "over {p}: the INFO line says comms send whole while their flows are fast: {}",
+            a.stderr
+        );
+        eprintln!(
+            "{p}: {STEPS} messages of {STEP} bytes, 2 in flight, 16 flows driven by calls, the \
+             first capped at {CAP_MBIT} Mbit/s: {} MB/s; cut finer: {}; the first flow \
+             carried {first} bytes, {carried} connections carried data",
+            b.result("mb_per_s").unwrap(),
+            a.stderr.contains(FINER)
+        );
+        assert!(
+            a.stderr.contains(FINER),
+            "over {p}: the comm says it cuts finer: {}",
+            a.stderr
+        );
+        assert_eq!(carried, 16, "over {p}: every flow carried pieces");
+        assert!(
+            (first as usize) < STEPS * STEP / 2,
+            "over {p}: the capped first flow carried {first} bytes of the stream"
         );
     }
 }
@@ -637,7 +790,9 @@ fn one_device_over_several_nics_spreads_a_comm_over_them() {
                 &[
                     ("NCCL_FABRIC_MERGE", "yes"),
                     ("NCCL_FABRIC_DOMAINS", &domains),
+                    ("NCCL_FABRIC_PIECE_BYTES", "262144"),
                 ],
+                Prime::No,
                 &format!("stream:{COUNT}"),
                 |_, _| {},
                 |hosts, _| {
@@ -682,6 +837,7 @@ fn pieces_that_finish_out_of_order_make_whole_messages() {
             &Hosts::new(2),
             p,
             &settings,
+            Prime::No,
             "shapes",
             |hosts, flows| hosts.cap_flows(0, flows, &[20, 400, 60, 200]),
             |_, _| (),
@@ -714,11 +870,15 @@ fn a_cut_flow_fails_the_comm_at_both_ends() {
     }
     let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
     for p in striping_providers() {
-        let settings = [("NCCL_FABRIC_FLOWS", "4")];
+        let settings = [
+            ("NCCL_FABRIC_FLOWS", "4"),
+            ("NCCL_FABRIC_PIECE_BYTES", "262144"),
+        ];
         let (done, ()) = run_pair(
             &Hosts::new(2),
             p,
             &settings,
+            Prime::No,
             "cut",
             |hosts, flows| {
                 assert_eq!(flows.len(), 4, "over {p}: connections of the warm-up");

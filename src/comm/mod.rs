@@ -37,7 +37,7 @@ use crate::handshake::Identity;
 use crate::lane::{IdLease, Lane};
 use crate::op::Op;
 use crate::opaque;
-use crate::pace::Pace;
+use crate::pace::{Cut, Pace};
 use crate::sys;
 use crate::tags::MAX_PIECES;
 use parking_lot::Mutex;
@@ -252,6 +252,7 @@ impl Comm {
                 stall_reported: AtomicBool::new(false),
                 straggling_since: AtomicU64::new(0),
                 paced: AtomicUsize::new(0),
+                paced_whole: AtomicBool::new(false),
                 posted_at_us: AtomicU64::new(0),
             })
             .collect();
@@ -259,6 +260,9 @@ impl Comm {
         let needs_descs = wires
             .iter()
             .any(|w| w.lane.endpoint.domain.claimed_local_mr());
+        // Where NCCL's calls drive its flows, a comm of several flows sends whole messages
+        // while they are fast (see `pace`).
+        let whole_while_fast = wires.len() > 1 && !wires[0].lane.threaded;
         let stray_seen = AtomicU64::new(stray_errors(&wires));
         let comm = Arc::new_cyclic(|this| Comm {
             this: this.clone(),
@@ -267,7 +271,9 @@ impl Comm {
             wires,
             peer,
             pace: match (dir, adapt) {
-                (Direction::Send, true) => Pace::adaptive(piece, crate::sizing::FLOW_MBPS),
+                (Direction::Send, true) => {
+                    Pace::adaptive(piece, crate::sizing::FLOW_MBPS, whole_while_fast)
+                }
                 _ => Pace::fixed(piece),
             },
             most,
@@ -302,47 +308,60 @@ impl Comm {
 
     /// How it sends long messages, for log lines.
     pub fn pieces_text(&self) -> String {
-        let finer = match self.pace.adapts() {
-            true => format!(
-                ", of {} bytes while its flows move under {} Mbit/s each",
-                crate::pace::FINE_PIECE,
-                crate::sizing::FLOW_MBPS
-            ),
-            false => String::new(),
+        let (p, n) = (self.piece(), self.wires.len());
+        let over = match n {
+            1 => String::new(),
+            n => format!(" over {n} flows"),
         };
-        match (self.piece(), self.wires.len()) {
-            (0, _) => "whole messages".into(),
-            (p, 1) => format!(
-                "messages over {p} bytes in up to {} pieces{finer}",
+        let finer = format!(
+            "of {} bytes while its flows move under {} Mbit/s each",
+            crate::pace::FINE_PIECE,
+            crate::sizing::FLOW_MBPS
+        );
+        match (p, self.pace.adapts(), self.pace.when_fast()) {
+            (0, ..) => "whole messages".into(),
+            (_, true, Cut::Whole) => format!(
+                "messages over {p} bytes sent whole on its first flow while its flows move {} \
+                 Mbit/s each or more (NCCL's calls drive them), else in up to {} pieces{over} \
+                 {finer}",
+                crate::sizing::FLOW_MBPS,
                 self.most
             ),
-            (p, n) => format!(
-                "messages over {p} bytes in up to {} pieces over {n} flows{finer}",
+            (_, true, _) => format!(
+                "messages over {p} bytes in up to {} pieces{over}, {finer}",
+                self.most
+            ),
+            (_, false, _) => format!(
+                "messages over {p} bytes in up to {} pieces{over}",
                 self.most
             ),
         }
     }
 
-    /// Its pace changed: `fine`, it now cuts messages into as many pieces as it has flows.
-    /// The first change each way in a process is logged at INFO, the rest at DEBUG.
-    fn paced(&self, fine: bool) {
-        static SAID: [AtomicBool; 2] = [AtomicBool::new(false), AtomicBool::new(false)];
-        let what = match fine {
-            true => format!(
-                "its flows move less than {} Mbit/s each (as where a network caps each connection): \
-                 messages over {} bytes now go in up to {} pieces of {} bytes at least",
-                crate::sizing::FLOW_MBPS,
+    /// Its pace changed to `cut`. The first change to each cut in a process is logged at
+    /// INFO, the rest at DEBUG.
+    fn paced(&self, cut: Cut) {
+        static SAID: [AtomicBool; 3] = [const { AtomicBool::new(false) }; 3];
+        let mbps = crate::sizing::FLOW_MBPS;
+        let what = match cut {
+            Cut::Fine => format!(
+                "its flows move less than {mbps} Mbit/s each (as where a network caps each \
+                 connection): messages over {} bytes now go in up to {} pieces of {} bytes at \
+                 least",
                 crate::pace::FINE_PIECE,
                 self.most,
                 crate::pace::FINE_PIECE
             ),
-            false => format!(
-                "its flows move faster than {} Mbit/s each again: pieces of {} bytes at least",
-                crate::sizing::FLOW_MBPS,
+            Cut::Coarse => format!(
+                "its flows move faster than {mbps} Mbit/s each again: pieces of {} bytes at least",
                 self.piece()
             ),
+            Cut::Whole => format!(
+                "its flows move faster than {mbps} Mbit/s each again: whole messages on its \
+                 first flow"
+            ),
         };
-        match !SAID[fine as usize].swap(true, Ordering::Relaxed) {
+        match !SAID[cut as usize].swap(true, Ordering::Relaxed) {
             true => tracing::info!("send comm {}: {what}", self.peer_text()),
             false => tracing::debug!("send comm {}: {what}", self.peer_text()),
         }
@@ -424,11 +443,11 @@ impl Comm {
     pub fn close(self: Arc<Self>) {
         self.closed.store(true, Ordering::Release);
         if let Some(times) = self.times.text() {
-            let (changes, fine) = self.pace.changes();
+            let (changes, cut) = self.pace.changes();
             let pace = match self.pace.adapts() {
                 true => format!(
                     "; changed how it cuts {changes} time(s), {} at the end",
-                    if fine { "finely" } else { "coarsely" }
+                    cut.text()
                 ),
                 false => String::new(),
             };

@@ -279,11 +279,15 @@ impl Comm {
             part.pieces[..count].iter().for_each(Op::mark_queued);
             layouts[i] = layout;
         }
-        let paced = match layouts[0] {
-            Some(layout) if self.pace.adapts() => layout.size,
-            _ => 0,
+        let (paced, whole) = match self.dir {
+            Direction::Send => self
+                .pace
+                .times(bufs[0].len, layouts[0].map(|l| l.size))
+                .unwrap_or((0, false)),
+            Direction::Recv => (0, false),
         };
         req.paced.store(paced, Ordering::Relaxed);
+        req.paced_whole.store(whole, Ordering::Relaxed);
         if paced > 0 {
             req.posted_at_us
                 .store(crate::pace::now_us(), Ordering::Relaxed);

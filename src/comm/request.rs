@@ -36,8 +36,11 @@ pub struct Request {
     pub(super) stall_reported: AtomicBool,
     /// Since when (ms) `test` has seen some of its pieces finished and others not (0: not).
     pub(super) straggling_since: AtomicU64,
-    /// A send in pieces whose comm learns its pace from it: its largest piece (0: none).
+    /// A send whose comm learns its pace from it (see `Pace::times`): the bytes it is timed
+    /// by (0: none).
     pub(super) paced: AtomicUsize,
+    /// Those bytes are the whole message, sent on the first flow.
+    pub(super) paced_whole: AtomicBool,
     /// When it was posted (`pace::now_us`), if it is paced.
     pub(super) posted_at_us: AtomicU64,
 }
@@ -184,9 +187,14 @@ impl Request {
         if piece == 0 {
             return;
         }
-        let took = crate::pace::now_us().saturating_sub(self.posted_at_us.load(Ordering::Relaxed));
-        if let Some(fine) = comm.pace.learn(piece, Duration::from_micros(took)) {
-            comm.paced(fine);
+        let sample = crate::pace::Sample {
+            bytes: piece,
+            whole: self.paced_whole.load(Ordering::Relaxed),
+            posted_us: self.posted_at_us.load(Ordering::Relaxed),
+            done_us: crate::pace::now_us(),
+        };
+        if let Some(cut) = comm.pace.learn(sample) {
+            comm.paced(cut);
         }
     }
 

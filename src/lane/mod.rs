@@ -104,14 +104,15 @@ impl Lane {
 
     /// Progress for lanes of the same device that NCCL's calls drive, when a request has
     /// waited a while: NCCL's calls are their one driver, and a rank waiting on a receive
-    /// may be what a send of its own lane needs to move. A lane busy in another call is
-    /// skipped.
+    /// may be what a send of its own lane needs to move. A lane busy in another call, or
+    /// with nothing in flight and nothing waiting, is skipped (the pool's nudge still turns
+    /// those now and then).
     pub fn drive_neighbours(&self) {
         let Some(pool) = self.pool.upgrade() else {
             return;
         };
         for lane in pool.driven_by_calls() {
-            if std::ptr::eq(&*lane, self) {
+            if std::ptr::eq(&*lane, self) || !Driven::busy(&*lane) {
                 continue;
             }
             if let Some(mut link) = lane.link.try_lock() {

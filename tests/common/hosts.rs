@@ -415,6 +415,14 @@ impl Hosts {
         }
     }
 
+    /// Takes the caps of [`Hosts::cap_flows`] off host `i` again.
+    pub fn uncap(&self, i: usize) {
+        in_netns(
+            self.hosts[i].pid,
+            &["tc", "qdisc", "del", "dev", IFACE, "root"],
+        );
+    }
+
     /// Cuts the k-th flow [`Hosts::cap_flows`] shaped on host `i`: everything host `i` sends
     /// to that port is dropped from now on, while its other flows go on.
     pub fn cut_flow(&self, i: usize, k: usize) {
