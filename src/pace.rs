@@ -23,7 +23,9 @@
 //!
 //! [`TO_FINE`] slow messages in a row (pieces), or [`WHOLE_RUN`] slow batches (whole
 //! messages), make the comm cut finely; [`TO_COARSE`] fast ones in a row make it cut
-//! coarsely again (or send whole messages again). The second run is the
+//! coarsely again (or send whole messages again; a comm that sent whole messages also tries
+//! them again after [`FIRST_PROBE`] messages cut finely, then after twice as many each time
+//! the try proves slow). The second run is the
 //! longer: small pieces can look fast on a capped connection (a rate limiter lets a burst
 //! through after an idle spell, 64 KiB and more on `lo`), while a comm that moves fast and
 //! cut finely for a while (the receiver kept it waiting, its connections were being made)
@@ -46,6 +48,18 @@ pub const WHOLE_BATCH: u32 = 4;
 
 /// Slow batches of whole messages in a row that make a comm cut finely.
 pub const WHOLE_RUN: u32 = 2;
+
+/// Messages a comm that sent whole messages cuts finely before it tries whole ones again;
+/// doubled each time the try proves slow, up to [`LAST_PROBE`]. Where NCCL's calls drive
+/// the flows, pieces are slow even where the network caps nothing (each waits on its flow's
+/// next turn), so a comm that cut finely for a passing reason (its peer was late for a few
+/// messages) would never see them fast again; on a network that caps each connection, each
+/// try costs [`WHOLE_BATCH`] × [`WHOLE_RUN`] messages at one connection's rate, less often
+/// each time.
+pub const FIRST_PROBE: u32 = 256;
+
+/// The longest wait between tries of whole messages (see [`FIRST_PROBE`]).
+pub const LAST_PROBE: u32 = 1 << 16;
 
 /// Microseconds since the first call: the clock paced sends are timed by.
 pub fn now_us() -> u64 {
@@ -112,6 +126,12 @@ struct State {
     /// The whole messages of the batch so far: how many, their bytes, the microseconds they
     /// took (each from its start: a comm that sat idle between them is not slow).
     batch: (u32, u64, u64),
+    /// Messages learned from since it last began to cut finely, and after how many it tries
+    /// whole messages again (see [`FIRST_PROBE`]).
+    fine_for: u32,
+    probe_after: u32,
+    /// It sends whole messages again as a try, not yet proved fast.
+    probing: bool,
 }
 
 impl Pace {
@@ -144,6 +164,9 @@ impl Pace {
                 changes: 0,
                 whole_done_us: 0,
                 batch: (0, 0, 0),
+                fine_for: 0,
+                probe_after: FIRST_PROBE,
+                probing: false,
             }),
         }
     }
@@ -218,8 +241,35 @@ impl Pace {
             ),
         };
         let slow = bytes.saturating_mul(1_000_000) / micros.max(1) < self.floor;
-        let fine = s.cut == Cut::Fine;
-        if slow == fine {
+        if let Some(cut) = self.judge(&mut s, slow, run) {
+            if cut == Cut::Fine && s.probing {
+                s.probe_after = s.probe_after.saturating_mul(2).min(LAST_PROBE);
+            }
+            s.probing = false;
+            return Some(cut);
+        }
+        match s.cut {
+            Cut::Fine if self.fast == Cut::Whole => {
+                s.fine_for += 1;
+                if s.fine_for < s.probe_after {
+                    return None;
+                }
+                s.probing = true;
+                Some(Self::change(&mut s, Cut::Whole))
+            }
+            Cut::Whole if sample.whole && !slow => {
+                s.probing = false;
+                s.probe_after = FIRST_PROBE;
+                None
+            }
+            _ => None,
+        }
+    }
+
+    /// Counts a message against how it cuts now; `Some(cut)` when a run of `run` slow ones
+    /// (or [`TO_COARSE`] fast ones) changes it.
+    fn judge(&self, s: &mut State, slow: bool, run: u32) -> Option<Cut> {
+        if slow == (s.cut == Cut::Fine) {
             s.against = 0;
             return None;
         }
@@ -231,19 +281,29 @@ impl Pace {
         if s.against < run {
             return None;
         }
-        s.against = 0;
-        s.cut = match slow {
+        let cut = match slow {
             true => Cut::Fine,
             false => self.fast,
         };
+        Some(Self::change(s, cut))
+    }
+
+    fn change(s: &mut State, cut: Cut) -> Cut {
+        s.cut = cut;
+        s.against = 0;
+        s.fine_for = 0;
+        s.batch = (0, 0, 0);
         s.changes += 1;
-        Some(s.cut)
+        cut
     }
 }
 
 #[cfg(test)]
 mod tests {
-    use super::{Cut, Pace, Sample, FINE_PIECE, TO_COARSE, TO_FINE, WHOLE_BATCH, WHOLE_RUN};
+    use super::{
+        Cut, Pace, Sample, FINE_PIECE, FIRST_PROBE, LAST_PROBE, TO_COARSE, TO_FINE, WHOLE_BATCH,
+        WHOLE_RUN,
+    };
     use std::cell::Cell;
     use std::time::Duration;
 
@@ -404,6 +464,49 @@ mod tests {
         });
         assert_eq!(whole_at(&pace, stream), []);
         assert_eq!(pace.piece(), 0);
+    }
+
+    #[test]
+    fn a_comm_that_cut_finely_tries_whole_messages_again_less_often_each_time() {
+        let comm = Comm::new(Pace::adaptive(AGREED, 500, true));
+        let pace = &comm.pace;
+        let to_fine = WHOLE_BATCH * WHOLE_RUN;
+        // Every connection capped at 250 Mbit/s: whole messages and pieces alike are slow.
+        let capped = piece_at(250);
+        assert_eq!(comm.send(to_fine, &capped), [Cut::Fine]);
+        let mut wait = FIRST_PROBE;
+        for _ in 0..4 {
+            assert_eq!(comm.send(wait - 1, &capped), []);
+            assert_eq!(comm.send(1, &capped), [Cut::Whole], "a try after {wait}");
+            assert_eq!(
+                comm.send(to_fine, &capped),
+                [Cut::Fine],
+                "the try proves slow"
+            );
+            wait *= 2;
+        }
+        // Uncapped, but pieces slow (NCCL's calls drive the flows), whole messages fast: the
+        // next try stays.
+        let by_calls = |p: usize| match p {
+            0 => at(MESSAGE, 8000),
+            p => at(p, 250),
+        };
+        assert_eq!(comm.send(wait - 1, by_calls), []);
+        assert_eq!(comm.send(1, by_calls), [Cut::Whole]);
+        assert_eq!(comm.send(1000, by_calls), []);
+        assert_eq!(pace.piece(), 0);
+        // Pushed to fine pieces again, it tries whole ones after the first wait once more.
+        assert_eq!(comm.send(to_fine, &capped), [Cut::Fine]);
+        assert_eq!(comm.send(FIRST_PROBE - 1, by_calls), []);
+        assert_eq!(comm.send(1, by_calls), [Cut::Whole]);
+    }
+
+    #[test]
+    fn comms_that_cut_coarsely_while_fast_never_try_whole_messages() {
+        let comm = Comm::new(Pace::adaptive(AGREED, 500, false));
+        assert_eq!(comm.send(TO_FINE, piece_at(250)), [Cut::Fine]);
+        assert_eq!(comm.send(4 * LAST_PROBE, piece_at(250)), []);
+        assert_eq!(comm.pace.piece(), FINE_PIECE);
     }
 
     #[test]

@@ -357,8 +357,8 @@ impl Comm {
                 self.piece()
             ),
             Cut::Whole => format!(
-                "its flows move faster than {mbps} Mbit/s each again: whole messages on its \
-                 first flow"
+                "whole messages on its first flow again, while they move {mbps} Mbit/s or \
+                 more (its pieces moved faster, or it tries them after a while in pieces)"
             ),
         };
         match !SAID[cut as usize].swap(true, Ordering::Relaxed) {
