@@ -768,6 +768,54 @@ fn a_comm_driven_by_calls_sends_whole_until_its_first_flow_proves_slow() {
     }
 }
 
+/// A comm that NCCL's calls drive, pushed into fine pieces (primed: its first flow capped
+/// while it streams), tries whole messages again once it has sent [`FIRST_PROBE`] messages
+/// in pieces, and keeps them on a link that no longer caps anything: there its pieces look
+/// slow (each waits on its flow's next turn), so only the try brings it back.
+///
+/// [`FIRST_PROBE`]: nccl_net_fabric::pace::FIRST_PROBE
+#[test]
+fn a_comm_driven_by_calls_tries_whole_messages_again() {
+    if !hosts_or_skip() {
+        return;
+    }
+    let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    let steps = 2 * nccl_net_fabric::pace::FIRST_PROBE as usize;
+    let stream = format!("stream:{steps}:{STEP}:2");
+    let again = "whole messages on its first flow again";
+    for p in striping_providers() {
+        let by_calls = [
+            ("NCCL_FABRIC_PROGRESS_THREAD", "no"),
+            ("NCCL_FABRIC_LOG", "debug"),
+        ];
+        let ([a, b], ()) = run_pair(
+            &Hosts::new(2),
+            p,
+            &by_calls,
+            Prime::Yes,
+            &stream,
+            |_, _| {},
+            |_, _| (),
+        );
+        let changes: Vec<&str> = a
+            .stderr
+            .lines()
+            .filter(|l| l.contains(FINER) || l.contains(again))
+            .collect();
+        eprintln!(
+            "{p}: primed, then {steps} steps of {STEP} bytes uncapped: {} MB/s; changes {changes:#?}",
+            b.result("mb_per_s").unwrap()
+        );
+        assert!(
+            changes.first().is_some_and(|l| l.contains(FINER))
+                && changes.last().is_some_and(|l| l.contains(again)),
+            "over {p}: the comm cut finely while primed and sent whole messages again in the \
+             end: {}",
+            a.stderr
+        );
+    }
+}
+
 /// Hosts with 2 and 4 NICs, one device over them all (`NCCL_FABRIC_MERGE=yes`): a comm's
 /// flows take the NICs in turn, so every NIC carries its share of the stream (veths all
 /// report one speed), and every message arrives whole.
