@@ -963,3 +963,47 @@ fn a_cut_flow_fails_the_comm_at_both_ends() {
         }
     }
 }
+
+/// Not a check: the rates one comm that NCCL's calls drive moves between two hosts on links
+/// that cap nothing, with the defaults (whole messages while fast), pieces of 256 KiB from the
+/// first message, and one flow, two runs each, for BENCHMARKS.md (`cargo test --release
+/// --test flows rates_of_each_cut -- --ignored --nocapture`).
+#[test]
+#[ignore = "a measurement: prints rates, checks nothing"]
+fn rates_of_each_cut_uncapped() {
+    if !hosts_or_skip() {
+        return;
+    }
+    let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    let by_calls = ("NCCL_FABRIC_PROGRESS_THREAD", "no");
+    for p in striping_providers() {
+        for stream in [
+            "stream:2000:65536:8",
+            "stream:512:524288:2",
+            "stream:64:8388608:2",
+        ] {
+            for (what, extra) in [
+                ("defaults", None),
+                ("pieces", Some(("NCCL_FABRIC_PIECE_BYTES", "262144"))),
+                ("one flow", Some(("NCCL_FABRIC_FLOWS", "1"))),
+            ] {
+                let env: Vec<(&str, &str)> = [by_calls].into_iter().chain(extra).collect();
+                for _ in 0..2 {
+                    let ([_, b], ()) = run_pair(
+                        &Hosts::new(2),
+                        p,
+                        &env,
+                        Prime::No,
+                        stream,
+                        |_, _| {},
+                        |_, _| (),
+                    );
+                    eprintln!(
+                        "{p}, {stream}, {what}: {} MB/s",
+                        b.result("mb_per_s").unwrap()
+                    );
+                }
+            }
+        }
+    }
+}
