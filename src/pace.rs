@@ -12,8 +12,11 @@
 //!
 //! Where NCCL's calls drive the flows (no progress threads), pieces over fast flows cost more
 //! than they overlap: each flow's driver runs only when a call comes, so a message in pieces
-//! waits on as many turns as it has flows, where a whole message waits on one (512 KiB in
-//! pieces over 16 flows moved 0.08-0.2x of raw libfabric, whole 1.3x). Such comms start with
+//! waits on as many turns as it has flows, where a whole message waits on one (both ranks in
+//! one process on 2 cores, `benches/transfer.rs`: 512 KiB in pieces over 16 flows moved
+//! 0.08-0.2x of raw libfabric, whole 1.3x; with NCCL on the GPU machine, ranks of 2 CPUs,
+//! whole messages moved 1.4x the pieces; between two hosts' processes on 2 cores pieces moved
+//! 1.1-1.5x, see BENCHMARKS.md). Such comms start with
 //! whole messages on their first flow and cut them only once those prove slow. Whole
 //! messages queue on that flow one behind the other, so each is timed from when it was
 //! posted or the previous one finished, whichever is later, and they are judged
