@@ -161,14 +161,18 @@ impl Crew {
         self.workers.len()
     }
 
-    /// Has the least loaded thread drive `member` from now on; returns that thread, to
-    /// [`Worker::remove`] it from later and wake it.
-    pub fn adopt(&self, member: Arc<dyn Driven>) -> Arc<Worker> {
-        let (worker, _) = self
-            .workers
-            .iter()
-            .min_by_key(|(w, _)| w.load.load(Ordering::Relaxed))
-            .expect("a crew has a thread");
+    /// Has thread `on` (counted modulo the threads), or else the least loaded thread, drive
+    /// `member` from now on; returns that thread, to [`Worker::remove`] it from later and
+    /// wake it.
+    pub fn adopt(&self, member: Arc<dyn Driven>, on: Option<usize>) -> Arc<Worker> {
+        let (worker, _) = match on {
+            Some(i) => &self.workers[i % self.workers.len()],
+            None => self
+                .workers
+                .iter()
+                .min_by_key(|(w, _)| w.load.load(Ordering::Relaxed))
+                .expect("a crew has a thread"),
+        };
         worker.members.lock().push(member);
         worker.load.fetch_add(1, Ordering::Relaxed);
         worker.generation.fetch_add(1, Ordering::Release);
@@ -358,7 +362,7 @@ mod tests {
             .collect();
         let workers: Vec<Arc<Worker>> = members
             .iter()
-            .map(|m| crew.adopt(m.clone() as Arc<dyn Driven>))
+            .map(|m| crew.adopt(m.clone() as Arc<dyn Driven>, None))
             .collect();
         let load = |w: &Arc<Worker>| workers.iter().filter(|x| Arc::ptr_eq(x, w)).count();
         assert_eq!(load(&workers[0]) + load(&workers[1]), 16);

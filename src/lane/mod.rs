@@ -25,11 +25,11 @@ use std::time::Duration;
 mod placement;
 mod pool;
 
-pub use placement::{first_lane, flow_lane, most_flows};
+pub use placement::{first_lane, flow_lane, lane_thread, most_flows};
 pub use pool::{Adopt, LaneConfig, LanePool, Schedule};
 
 /// Which side of a comm pair a lane serves.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Role {
     /// Receive comms (made by accept).
     Receiving = 0,

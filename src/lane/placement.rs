@@ -52,9 +52,71 @@ pub fn first_lane(role: Role, n: usize, lanes: usize, flows: usize, rails: usize
     }
 }
 
+/// The progress thread, of `threads`, that drives lane `slot` of a role where comms start on
+/// it (see [`first_lane`]): the comms of a role take the threads in turn, receiving ones half
+/// the threads on from sending ones. A rank's channels each have a sending and a receiving
+/// comm, whose first lanes carry their whole messages and headers, so these lanes then get
+/// threads of their own as far as the threads go (with every lane handed to the least
+/// loaded thread, a channel's sending and receiving first lanes shared one thread while
+/// others had none). `None` for a lane no comm starts on (later flows only): the least
+/// loaded thread takes it.
+pub fn lane_thread(
+    role: Role,
+    slot: usize,
+    lanes: usize,
+    flows: usize,
+    rails: usize,
+    threads: usize,
+) -> Option<usize> {
+    let threads = threads.max(1);
+    let n = (0..lanes.max(1)).find(|&n| first_lane(role, n, lanes, flows, rails) == slot)?;
+    let offset = match role {
+        Role::Sending => 0,
+        Role::Receiving => threads / 2,
+    };
+    Some((n + offset) % threads)
+}
+
 #[cfg(test)]
 mod tests {
-    use super::{first_lane, flow_lane, Role};
+    use super::{first_lane, flow_lane, lane_thread, Role};
+
+    #[test]
+    fn the_first_lanes_of_a_ranks_channels_get_threads_of_their_own() {
+        // Comms of a channel come in pairs, a sending and a receiving one; each pair's first
+        // lanes carry whole messages. The first lanes of `channels` pairs on `threads`
+        // threads: no thread drives more than its share of them.
+        for (lanes, flows) in [(16, 16), (2, 1), (4, 1), (32, 16), (8, 4)] {
+            for threads in 1..=8 {
+                for channels in 1..=4 {
+                    let firsts: std::collections::HashSet<(Role, usize)> = (0..channels)
+                        .flat_map(|n| {
+                            [Role::Sending, Role::Receiving]
+                                .map(|role| (role, first_lane(role, n, lanes, flows, 1)))
+                        })
+                        .collect();
+                    let mut load = vec![0; threads];
+                    for &(role, slot) in &firsts {
+                        let t = lane_thread(role, slot, lanes, flows, 1, threads)
+                            .expect("a comm starts there");
+                        load[t] += 1;
+                    }
+                    assert!(
+                        load.iter().all(|&l| l <= firsts.len().div_ceil(threads)),
+                        "{lanes} lanes, {flows} flows, {threads} threads, {channels} channels: {load:?}"
+                    );
+                }
+            }
+        }
+        assert_eq!(lane_thread(Role::Sending, 1, 16, 16, 1, 4), Some(1));
+        assert_eq!(lane_thread(Role::Receiving, 0, 16, 16, 1, 4), Some(2));
+        assert_eq!(lane_thread(Role::Receiving, 2, 16, 16, 1, 4), Some(3));
+        assert_eq!(
+            lane_thread(Role::Receiving, 1, 16, 16, 1, 4),
+            None,
+            "no comm starts there"
+        );
+    }
 
     #[test]
     fn flows_beyond_the_lanes_pair_lanes_no_other_flow_pairs() {

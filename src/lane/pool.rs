@@ -12,7 +12,7 @@
 //! lane idle that long leaves the pool, and its driver closes the endpoint, or, if the
 //! provider still holds operations, is handed to the control thread to finish the job.
 
-use super::{first_lane, flow_lane, most_flows, Lane, Role, NUDGE};
+use super::{first_lane, flow_lane, lane_thread, most_flows, Lane, Role, NUDGE};
 use crate::driver::{Driver, Health, Inbox};
 use crate::endpoint::Endpoint;
 use crate::error::Result;
@@ -432,7 +432,10 @@ impl LanePool {
             slot,
         });
         if let Some(crew) = crew {
-            let worker = crew.adopt(lane.clone());
+            let on = slot.and_then(|k| {
+                lane_thread(role, k, c.lanes, c.flows, c.rails.len(), crew.threads())
+            });
+            let worker = crew.adopt(lane.clone(), on);
             lane.inbox.set_waker(worker.waker().clone());
             let _ = lane.worker.set((worker, crew));
         }
