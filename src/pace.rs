@@ -10,25 +10,29 @@
 //! rate each flow was assumed to carry when the flows were counted, `FLOW_MBPS` of the
 //! sizing) says the flows are slower than assumed.
 //!
-//! Where NCCL's calls drive the flows (no progress threads), pieces over fast flows cost more
-//! than they overlap: each flow's driver runs only when a call comes, so a message in pieces
-//! waits on as many turns as it has flows, where a whole message waits on one (both ranks in
-//! one process on 2 cores, `benches/transfer.rs`: 512 KiB in pieces over 16 flows moved
-//! 0.08-0.2x of raw libfabric, whole 1.3x; with NCCL on the GPU machine, ranks of 2 CPUs,
-//! whole messages moved 1.4x the pieces; between two hosts' processes on 2 cores pieces moved
-//! 1.1-1.5x, see BENCHMARKS.md). Such comms start with
-//! whole messages on their first flow and cut them only once those prove slow. Whole
+//! Over fast flows, though, pieces cost more than they overlap, and a comm of several flows
+//! starts with whole messages on its first flow, cutting them only once those prove slow.
+//! Where NCCL's calls drive the flows (no progress threads), each flow's driver runs only
+//! when a call comes, so a message in pieces waits on as many turns as it has flows, where a
+//! whole message waits on one (both ranks in one process on 2 cores, `benches/transfer.rs`:
+//! 512 KiB in pieces over 16 flows moved 0.08-0.2x of raw libfabric, whole 1.3x; with NCCL
+//! on the GPU machine, ranks of 2 CPUs, whole messages moved 1.4x the pieces; between two
+//! hosts' processes on 2 cores pieces moved 1.1-1.5x, see BENCHMARKS.md). Where progress
+//! threads drive them, whole messages moved 1.02-1.14x the pieces in all_reduce at 1 GiB and
+//! 1.08-1.14x on average (GPU machine, two calls), at 0.88-0.92x the CPU and 0.6x the RSS
+//! (rxm's buffers on one busy endpoint per comm in place of 16), once each channel's first
+//! lanes had threads of their own (`lane`). Whole
 //! messages queue on that flow one behind the other, so each is timed from when it was
 //! posted or the previous one finished, whichever is later, and they are judged
-//! [`WHOLE_BATCH`] at a time, by their bytes over the sum of their times: a provider that completes sends once the kernel took them
-//! (native `tcp`) completes them in bursts where the connection is capped, one after a long
-//! wait and the next at once.
+//! [`WHOLE_BATCH`] at a time, by their bytes over the sum of their times: a provider that
+//! completes sends once the kernel took them (native `tcp`) completes them in bursts where
+//! the connection is capped, one after a long wait and the next at once.
 //!
 //! [`TO_FINE`] slow messages in a row (pieces), or [`WHOLE_RUN`] slow batches (whole
 //! messages), make the comm cut finely; [`TO_COARSE`] fast ones in a row make it cut
 //! coarsely again (or send whole messages again; a comm that sent whole messages also tries
 //! them again after [`FIRST_PROBE`] messages cut finely, then after twice as many each time
-//! the try proves slow). The second run is the
+//! the try proves slow, which one slow batch does). The second run is the
 //! longer: small pieces can look fast on a capped connection (a rate limiter lets a burst
 //! through after an idle spell, 64 KiB and more on `lo`), while a comm that moves fast and
 //! cut finely for a while (the receiver kept it waiting, its connections were being made)
@@ -57,8 +61,8 @@ pub const WHOLE_RUN: u32 = 2;
 /// the flows, pieces are slow even where the network caps nothing (each waits on its flow's
 /// next turn), so a comm that cut finely for a passing reason (its peer was late for a few
 /// messages) would never see them fast again; on a network that caps each connection, each
-/// try costs [`WHOLE_BATCH`] × [`WHOLE_RUN`] messages at one connection's rate, less often
-/// each time.
+/// try costs one batch ([`WHOLE_BATCH`] messages) at one connection's rate, less often each
+/// time.
 pub const FIRST_PROBE: u32 = 256;
 
 /// The longest wait between tries of whole messages (see [`FIRST_PROBE`]).
@@ -235,7 +239,8 @@ impl Pace {
                     return None;
                 }
                 s.batch = (0, 0, 0);
-                (bytes, micros, WHOLE_RUN)
+                // A try has the comm's slow history behind it: one slow batch ends it.
+                (bytes, micros, if s.probing { 1 } else { WHOLE_RUN })
             }
             false => (
                 sample.bytes as u64,
@@ -482,9 +487,9 @@ mod tests {
             assert_eq!(comm.send(wait - 1, &capped), []);
             assert_eq!(comm.send(1, &capped), [Cut::Whole], "a try after {wait}");
             assert_eq!(
-                comm.send(to_fine, &capped),
+                comm.send(WHOLE_BATCH, &capped),
                 [Cut::Fine],
-                "the try proves slow"
+                "one slow batch ends the try"
             );
             wait *= 2;
         }

@@ -358,10 +358,10 @@ fn open_devices(
                         "up to {} on one flow (NCCL_FABRIC_FLOWS)",
                         crate::comm::PIECES_ON_ONE_FLOW
                     ),
-                    (n, _) if !threaded && settings.pieces_auto => format!(
+                    (n, _) if settings.pieces_auto => format!(
                         "over {n} flows per comm (NCCL_FABRIC_FLOWS), once whole messages on \
-                         the first flow prove slower than {} Mbit/s: NCCL's calls drive the \
-                         flows (no progress threads), and there fast flows move more whole",
+                         the first flow prove slower than {} Mbit/s: fast flows move more \
+                         whole",
                         crate::sizing::FLOW_MBPS
                     ),
                     (n, _) => format!("over {n} flows per comm (NCCL_FABRIC_FLOWS)"),

@@ -381,13 +381,11 @@ fn both_ok(a: ChildTest, b: ChildTest, what: &str) -> [Finished; 2] {
 
 /// Whether the comms stream before the test shapes their connections.
 ///
-/// A comm whose flows NCCL's calls drive sends whole messages on its first flow until those
-/// prove slow (see `pace`), so after the warm-up only that flow's connection exists. Primed,
-/// that connection is capped at [`CAP_MBIT`], the comm streams [`PRIME_COUNT`] messages
-/// (cutting them finely once the whole ones proved slow, which makes every flow's
-/// connection), and the cap is taken off again: the test then shapes every flow. A comm whose
-/// flows progress threads drive cuts from the first message, and priming it changes nothing
-/// the test looks at.
+/// A comm of several flows sends whole messages on its first flow until those prove slow
+/// (see `pace`), so after the warm-up only that flow's connection exists. Primed, that
+/// connection is capped at [`CAP_MBIT`], the comm streams [`PRIME_COUNT`] messages (cutting
+/// them finely once the whole ones proved slow, which makes every flow's connection), and the
+/// cap is taken off again: the test then shapes every flow.
 #[derive(Clone, Copy, PartialEq)]
 enum Prime {
     No,
@@ -638,10 +636,11 @@ fn short_messages_in_pieces_take_the_flows_in_turn() {
 }
 
 /// NCCL's steps (512 KiB) two at a time on a comm of 16 flows that progress threads drive.
-/// Where every connection is capped, the send comm sees its pieces move under 500 Mbit/s and
-/// cuts each step into 8 pieces of 64 KiB rather than 2 of 256 KiB (saying so once, INFO),
-/// so that each step keeps 8 connections busy. A size set (`NCCL_FABRIC_PIECE_BYTES`) is
-/// kept. The rates are printed: uncapped, capped, and capped held to 256 KiB pieces.
+/// Where every connection is capped (primed: see [`Prime`]), the send comm cuts each step
+/// into 8 pieces of 64 KiB, so that each step keeps 8 connections busy and the stream
+/// spreads over all 16. A size set (`NCCL_FABRIC_PIECE_BYTES`) is kept: 256 KiB pieces from
+/// the first message, never finer. The rates are printed: uncapped, capped, and capped held
+/// to 256 KiB pieces.
 #[test]
 fn a_comm_whose_flows_are_capped_cuts_finer() {
     if !hosts_or_skip() {
@@ -669,16 +668,12 @@ fn a_comm_whose_flows_are_capped_cuts_finer() {
             &Hosts::new(2),
             p,
             &threads,
-            Prime::No,
+            Prime::Yes,
             &stream,
             cap,
             sent_since,
         );
-        assert!(
-            !sees_caps(p) || a.stderr.contains(FINER),
-            "over {p}, capped: the comm says it cuts finer: {}",
-            a.stderr
-        );
+        assert_eq!(sent.len(), 16, "over {p}: every flow's connection, capped");
         carry_shares(&sent, (STEPS * STEP) as u64, &format!("over {p}, capped"));
         let held = [threads[0], ("NCCL_FABRIC_PIECE_BYTES", "262144")];
         let ([a2, b2], _) = run_pair(&Hosts::new(2), p, &held, Prime::No, &stream, cap, |_, _| ());
@@ -702,39 +697,34 @@ const STEPS: usize = 64;
 /// What a send comm says when it starts cutting finely.
 const FINER: &str = "as where a network caps each connection";
 
-/// rxm completes a long send once the receiver has read it, so its time shows a cap. Native
-/// tcp completes a send once the kernel has taken it: the cap shows only after the
-/// connection's socket buffer (up to 4 MiB) has filled, past a stream of the pace tests over
-/// 16 connections.
-fn sees_caps(p: &str) -> bool {
-    p == "tcp;ofi_rxm"
-}
-
-/// The same steps on a comm of 16 flows that NCCL's calls drive (no progress threads): it
-/// sends them whole on its first flow while that is fast. With that flow's connection capped,
-/// the whole steps prove slow and the comm cuts them finely over all its flows, whose
-/// connections carry the rest of the stream.
+/// The same steps on a comm of 16 flows, driven by NCCL's calls (no progress threads) or by
+/// progress threads: it sends them whole on its first flow while that is fast. With that
+/// flow's connection capped, the whole steps prove slow and the comm cuts them finely over
+/// all its flows, whose connections carry the rest of the stream.
 #[test]
-fn a_comm_driven_by_calls_sends_whole_until_its_first_flow_proves_slow() {
+fn a_comm_sends_whole_until_its_first_flow_proves_slow() {
     if !hosts_or_skip() {
         return;
     }
     let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
     let stream = format!("stream:{STEPS}:{STEP}:2");
     let whole = "once whole messages on the first flow prove slower than 500 Mbit/s";
-    let by_calls = [("NCCL_FABRIC_PROGRESS_THREAD", "no")];
-    for p in striping_providers() {
+    for (p, threads) in striping_providers()
+        .into_iter()
+        .flat_map(|p| [(p, "no"), (p, "yes")])
+    {
+        let driver = [("NCCL_FABRIC_PROGRESS_THREAD", threads)];
         let ([a, b], (first, carried)) = run_pair(
             &Hosts::new(2),
             p,
-            &by_calls,
+            &driver,
             Prime::No,
             &stream,
             |hosts, flows| {
                 assert_eq!(
                     flows.len(),
                     1,
-                    "over {p}: the warm-up went whole on one flow"
+                    "over {p}, progress threads {threads}: the warm-up went whole on one flow"
                 );
                 hosts.cap_flows(0, flows, &[CAP_MBIT]);
             },
@@ -745,25 +735,30 @@ fn a_comm_driven_by_calls_sends_whole_until_its_first_flow_proves_slow() {
         );
         assert!(
             a.stderr.contains(whole),
-            "over {p}: the INFO line says comms send whole while their flows are fast: {}",
+            "over {p}, progress threads {threads}: the INFO line says comms send whole while \
+             their flows are fast: {}",
             a.stderr
         );
         eprintln!(
-            "{p}: {STEPS} messages of {STEP} bytes, 2 in flight, 16 flows driven by calls, the \
-             first capped at {CAP_MBIT} Mbit/s: {} MB/s; cut finer: {}; the first flow \
-             carried {first} bytes, {carried} connections carried data",
+            "{p}: {STEPS} messages of {STEP} bytes, 2 in flight, 16 flows, progress threads \
+             {threads}, the first capped at {CAP_MBIT} Mbit/s: {} MB/s; cut finer: {}; the \
+             first flow carried {first} bytes, {carried} connections carried data",
             b.result("mb_per_s").unwrap(),
             a.stderr.contains(FINER)
         );
         assert!(
             a.stderr.contains(FINER),
-            "over {p}: the comm says it cuts finer: {}",
+            "over {p}, progress threads {threads}: the comm says it cuts finer: {}",
             a.stderr
         );
-        assert_eq!(carried, 16, "over {p}: every flow carried pieces");
+        assert_eq!(
+            carried, 16,
+            "over {p}, progress threads {threads}: every flow carried pieces"
+        );
         assert!(
             (first as usize) < STEPS * STEP / 2,
-            "over {p}: the capped first flow carried {first} bytes of the stream"
+            "over {p}, progress threads {threads}: the capped first flow carried {first} bytes \
+             of the stream"
         );
     }
 }

@@ -260,9 +260,8 @@ impl Comm {
         let needs_descs = wires
             .iter()
             .any(|w| w.lane.endpoint.domain.claimed_local_mr());
-        // Where NCCL's calls drive its flows, a comm of several flows sends whole messages
-        // while they are fast (see `pace`).
-        let whole_while_fast = wires.len() > 1 && !wires[0].lane.threaded;
+        // A comm of several flows sends whole messages while they are fast (see `pace`).
+        let whole_while_fast = wires.len() > 1;
         let stray_seen = AtomicU64::new(stray_errors(&wires));
         let comm = Arc::new_cyclic(|this| Comm {
             this: this.clone(),
