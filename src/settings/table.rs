@@ -180,14 +180,14 @@ pub const TABLE: &[Setting] = &[
                   whole messages (as comms over shared memory, and over rxm before libfabric \
                   2.1, always do). Unset, a device with one flow per comm that NCCL's calls drive \
                   (no progress threads) sends whole messages too: there pieces cost CPU and \
-                  overlap nothing; a comm of several flows that NCCL's calls drive sends whole \
-                  messages on its first flow until they prove slow (2 batches of 4 in a row); \
+                  overlap nothing; a comm of several flows sends whole messages on its first \
+                  flow until they prove slow (2 batches of 4 in a row); \
                   and a send comm whose messages show its flows moving under 500 Mbit/s each \
                   (8 in a row; a network that caps each connection) cuts them into pieces of \
                   65536 bytes at least, one per flow, until 64 in a row move \
                   faster (then it cuts as before, or sends whole messages again); one that sent \
                   whole messages tries them again after 256 messages in pieces, then after twice \
-                  as many each time they prove slow",
+                  as many each time they prove slow (one batch of 4)",
     },
     Setting {
         name: TIMES,
