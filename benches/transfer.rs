@@ -4,7 +4,7 @@
 //!
 //! `cargo bench --bench transfer` runs `tcp;ofi_rxm` and `shm` (and native `tcp` on
 //! libfabric >= 1.18), each in its own process; `-- PROVIDER` runs one, `-- --latency` only
-//! the ping-pong. Prints GB/s per size, the 8-byte half round trip (10 runs, sorted), and
+//! the ping-pong, and `NFAB_BENCH_SIZES=4096,65536` streams only the sizes it lists. Prints GB/s per size, the 8-byte half round trip (10 runs, sorted), and
 //! plugin/raw ratios, with the CPU seconds the process spent per GB moved (both sides, the
 //! plugin's threads included). The plugin runs with the environment's settings: e.g.
 //! `NCCL_FABRIC_PROGRESS_THREAD=yes` with `NCCL_FABRIC_PROGRESS_SPIN_US=10000000` (never sleep).
@@ -43,6 +43,17 @@ const PINGS: usize = 2000;
 /// median and spread: a busy machine (every core taken by other work) turns single runs
 /// bimodal, since a spinning side that loses its core waits out a scheduler time slice.
 const LATENCY_RUNS: usize = 10;
+
+/// The sizes streamed: [`SIZES`], or those `NFAB_BENCH_SIZES` lists (bytes, comma-separated).
+fn sizes() -> Vec<usize> {
+    match std::env::var("NFAB_BENCH_SIZES") {
+        Ok(list) => list
+            .split(',')
+            .filter_map(|s| s.trim().parse().ok())
+            .collect(),
+        Err(_) => SIZES.to_vec(),
+    }
+}
 
 fn iters(size: usize) -> usize {
     (BYTES_PER_SIZE / size).clamp(16, 20_000)
@@ -361,12 +372,12 @@ fn run_one(provider: &str) {
     );
     let mut ratios = Vec::new();
     // `-- --latency` measures only the ping-pong.
-    let sizes = if std::env::var("NFAB_BENCH_LATENCY_ONLY").is_ok() {
-        &[][..]
+    let sizes: Vec<usize> = if std::env::var("NFAB_BENCH_LATENCY_ONLY").is_ok() {
+        Vec::new()
     } else {
-        SIZES
+        sizes()
     };
-    for &len in sizes {
+    for &len in &sizes {
         let (raw, raw_cpu) = stream(&raw_send, &raw_recv, len);
         let (plugin, plugin_cpu) = stream(&p_send, &p_recv, len);
         ratios.push(plugin / raw);

@@ -132,15 +132,21 @@ impl Comm {
     /// provider's hands (those of a failed request finish after it was reported).
     fn claim(&self) -> Option<&Request> {
         let r = self.requests.iter().find(|r| {
+            // NCCL's own first: a comm streaming holds most of its slots, each of many
+            // operations (a part per grouped buffer, a piece per flow).
+            // (Acquire: what its last post and `release` wrote, `n` among it, is seen.)
+            if r.held.load(Ordering::Acquire) {
+                return false;
+            }
             let busy = |o: &Op| matches!(o.status(), Status::Queued | Status::Posted);
-            if r.parts.iter().any(|p| p.all_ops().any(busy)) {
+            if r.parts_in_use().iter().any(|p| p.all_ops().any(busy)) {
                 return false;
             }
             r.held
                 .compare_exchange(false, true, Ordering::AcqRel, Ordering::Relaxed)
                 .is_ok()
         })?;
-        for p in r.parts.iter() {
+        for p in r.parts_in_use() {
             p.all_ops().for_each(Op::reset);
         }
         Some(r)

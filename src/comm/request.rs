@@ -86,7 +86,9 @@ impl Request {
         unsafe { &*self.comm.load(Ordering::Acquire) }
     }
 
-    fn parts_in_use(&self) -> &[Part] {
+    /// The parts its last post used. Those past them are idle: a post marks only the parts
+    /// of its buffers, after `claim` found the last post's idle and reset them.
+    pub(super) fn parts_in_use(&self) -> &[Part] {
         let n = self.n.load(Ordering::Relaxed).clamp(1, self.parts.len());
         &self.parts[..n]
     }
@@ -275,7 +277,7 @@ impl Request {
     }
 
     fn release(&self) {
-        for p in self.parts.iter() {
+        for p in self.parts_in_use() {
             p.all_ops()
                 .filter(|o| o.status().finished())
                 .for_each(Op::reset);

@@ -89,6 +89,9 @@ pub struct LanePool {
     /// The progress threads, started with the first lane; its lanes hold it, so the
     /// threads end with the last lane (after finalize, or a quiet spell past the linger time).
     crew: Mutex<Weak<Crew>>,
+    /// When NCCL's calls last drove the lanes of other comms (see
+    /// [`Lane::drive_neighbours`]; ms, `control::now_ms`).
+    neighbours_at: AtomicU64,
     /// Whether no progress thread could start: NCCL's calls drive from then on.
     crewless: AtomicBool,
 }
@@ -125,6 +128,7 @@ impl LanePool {
             nudging: AtomicBool::new(false),
             crew: Mutex::new(Weak::new()),
             crewless: AtomicBool::new(false),
+            neighbours_at: AtomicU64::new(0),
         })
     }
 
@@ -348,6 +352,17 @@ impl LanePool {
             );
             lane.retire(Some(&self.config.adopt));
         }
+    }
+
+    /// Whether a call at `now` (ms) is the first this millisecond to drive other comms'
+    /// lanes; it takes the turn if so.
+    pub(super) fn neighbours_due(&self, now: u64) -> bool {
+        let last = self.neighbours_at.load(Ordering::Relaxed);
+        last != now
+            && self
+                .neighbours_at
+                .compare_exchange(last, now, Ordering::Relaxed, Ordering::Relaxed)
+                .is_ok()
     }
 
     /// The pool's lanes that NCCL's calls drive (no progress thread), alive now. The
