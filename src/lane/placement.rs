@@ -1,5 +1,6 @@
 //! Which lanes a comm's flows take: how many flows a comm may have, the lane each flow takes
-//! counted from the comm's first, and the lane each comm of a role starts on.
+//! counted from the comm's first, the lane each comm of a role starts on, and the progress
+//! thread that drives each lane comms start on.
 
 use super::Role;
 
