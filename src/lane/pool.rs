@@ -357,12 +357,7 @@ impl LanePool {
     /// Whether a call at `now` (ms) is the first this millisecond to drive other comms'
     /// lanes; it takes the turn if so.
     pub(super) fn neighbours_due(&self, now: u64) -> bool {
-        let last = self.neighbours_at.load(Ordering::Relaxed);
-        last != now
-            && self
-                .neighbours_at
-                .compare_exchange(last, now, Ordering::Relaxed, Ordering::Relaxed)
-                .is_ok()
+        first_at(&self.neighbours_at, now)
     }
 
     /// The pool's lanes that NCCL's calls drive (no progress thread), alive now. The
@@ -461,5 +456,46 @@ impl LanePool {
         members.retain(|l| l.strong_count() > 0);
         members.push(Arc::downgrade(&lane));
         Ok(lane)
+    }
+}
+
+/// Whether `now` differs from the time `at` holds, which it then takes: true for one caller
+/// per distinct `now`, however many threads ask at once.
+fn first_at(at: &AtomicU64, now: u64) -> bool {
+    let last = at.load(Ordering::Relaxed);
+    last != now
+        && at
+            .compare_exchange(last, now, Ordering::Relaxed, Ordering::Relaxed)
+            .is_ok()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::first_at;
+    use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+
+    #[test]
+    fn one_caller_a_millisecond_drives_the_neighbours() {
+        let at = AtomicU64::new(0);
+        assert!(first_at(&at, 5));
+        assert!(!first_at(&at, 5), "the same millisecond again");
+        assert!(first_at(&at, 6));
+        let won = AtomicUsize::new(0);
+        std::thread::scope(|s| {
+            for _ in 0..8 {
+                s.spawn(|| {
+                    for _ in 0..1000 {
+                        if first_at(&at, 7) {
+                            won.fetch_add(1, Ordering::Relaxed);
+                        }
+                    }
+                });
+            }
+        });
+        assert_eq!(
+            won.load(Ordering::Relaxed),
+            1,
+            "one of 8 threads asking at once"
+        );
     }
 }
