@@ -9,7 +9,9 @@
 //! 2. the corpus of damaged handles given to `connect`: each refused at once, and a real pair
 //!    connects afterwards;
 //! 3. a handle naming a port (or shm name) nobody listens on: refused after a second, not at
-//!    the connect timeout.
+//!    the connect timeout;
+//! 4. a peer that speaks the handshake itself and sends a header naming more pieces than its
+//!    comm takes: the receive fails as malformed, with a WARN, and nothing panics.
 //!
 //! Every wait has a deadline (stretched by `NFAB_SLOW` under valgrind).
 
@@ -600,5 +602,136 @@ fn a_handle_naming_a_closed_port_fails_early() {
             "{p}: the WARN says why:\n{}",
             f.stderr
         );
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// 4. A peer whose header names more pieces than the comm takes.
+
+#[test]
+#[ignore = "child process of another test"]
+fn child_header_victim() {
+    let lib = init();
+    let deadline = until(60.0);
+    let recv = accept_the_real_peer(&lib, deadline);
+    println!("RESULT accepted=1");
+    let mut buf = vec![0u8; 1 << 20];
+    // SAFETY: buf outlives the request, waited for right away.
+    let r = unsafe { lib.irecv_until(recv, buf.as_mut_ptr().cast(), 1 << 20, NULL, deadline) }
+        .expect("irecv");
+    let started = Instant::now();
+    match lib.wait(r, deadline) {
+        Ok(n) => println!("RESULT received={n}"),
+        Err(e) => println!("RESULT failed={}", e.code),
+    }
+    println!("RESULT after_ms={}", started.elapsed().as_millis());
+    lib.close_recv(recv).expect("closeRecv");
+    println!("RESULT ok=1");
+}
+
+/// Connects to the victim's listen comm itself, offering pieces on one flow, and sends a
+/// header naming 8 pieces: a comm of one flow takes 4 at most.
+#[test]
+#[ignore = "child process of another test"]
+fn child_header_sender() {
+    use nccl_net_fabric::handshake::{flows_field, piece_field, Identity};
+    use nccl_net_fabric::tags::Layout;
+    let provider = std::env::var("NCCL_FABRIC_PROVIDER").unwrap();
+    let lines = stdin_lines();
+    let line = lines.recv_timeout(scaled(60.0)).expect("handle");
+    let h = Handle::read(&handle_from_hex(&line).expect("hex")).expect("decode");
+    let mut s = Stranger::open(&provider, domain_of(&provider));
+    s.listen_any();
+    let me = s.name();
+    let victim = s.insert(&h.addr);
+    let t = scaled(10.0);
+    let connect = Record {
+        kind: Kind::Connect,
+        a: h.token,
+        b: 1,
+        who: Identity::current(),
+        fields: vec![
+            me.clone(),
+            me.clone(),
+            piece_field(262_144),
+            flows_field(&[]).0,
+        ],
+    };
+    let mut buf = vec![0u8; MSG_SIZE];
+    connect.write(&mut buf).expect("encode");
+    assert_eq!(s.send(victim, CONTROL_TAG, &buf, t), Outcome::Done(0));
+    // Its ACK names the receive comm's data endpoint and id; probes are answered throughout.
+    let mut relay = Relay {
+        connector: Some(me.clone()),
+        learnt: None,
+    };
+    let until = Instant::now() + scaled(60.0);
+    while relay.learnt.is_none() {
+        assert!(Instant::now() < until, "no ACK");
+        if let Some(m) = s.next_message(Duration::from_millis(10)) {
+            match Record::read(&m, "message") {
+                Ok(r) if r.kind == Kind::Ack => relay.learnt = Some((r.fields[0].clone(), r.b)),
+                _ => serve_one(&mut s, &me, victim, &m, &mut relay),
+            }
+        }
+    }
+    let (data_addr, id) = relay.learnt.clone().unwrap();
+    let data = s.insert(&data_addr);
+    let tags = Tags::new(s.mem_tag_format);
+    let layout = Layout {
+        count: 8,
+        size: 65536,
+    };
+    let header = tags.header(tags.data(id, 0, 0), layout);
+    assert_eq!(s.send(data, header, &[], t), Outcome::Done(0));
+    println!("RESULT sent=1");
+    loop {
+        match lines.try_recv() {
+            Ok(_) | Err(std::sync::mpsc::TryRecvError::Disconnected) => break,
+            Err(std::sync::mpsc::TryRecvError::Empty) => {}
+        }
+        while let Some(m) = s.next_message(Duration::from_millis(5)) {
+            serve_one(&mut s, &me, victim, &m, &mut relay);
+        }
+    }
+    println!("RESULT ok=1");
+}
+
+/// A peer that speaks the handshake but sends a header naming more pieces than its comm
+/// takes (a plugin of another cut, or not this plugin): the receive fails at once as
+/// malformed, with a WARN that says so, and the comm closes.
+#[test]
+fn a_header_naming_more_pieces_than_the_comm_takes_fails_the_receive() {
+    let (major, minor) = libfabric_version();
+    let cuts = |p: &str| match p {
+        "tcp;ofi_rxm" => (major, minor) >= (2, 1),
+        "tcp" => (major, minor) >= (1, 18),
+        _ => false,
+    };
+    for (p, env) in envs(&[]).into_iter().filter(|(p, _)| cuts(p)) {
+        let mut victim = spawn_child("child_header_victim", &env, scaled(CHILD));
+        let mut sender = spawn_child("child_header_sender", &env, scaled(CHILD));
+        sender.send_line(&victim.read_result("handle"));
+        victim.read_result("accepted");
+        sender.read_result("sent");
+        let ms: u64 = victim.read_result("after_ms").parse().unwrap();
+        let fv = victim.finish();
+        sender.try_send_line("done");
+        let fs = sender.finish();
+        ok(&fv, &format!("the victim over {p}"));
+        ok(&fs, &format!("the sender over {p}"));
+        assert_eq!(
+            fv.result("failed"),
+            Some((NcclResult::RemoteError as i32).to_string()),
+            "over {p}: the receive fails\n{}",
+            fv.stderr
+        );
+        assert!(
+            fv.stderr
+                .contains("names 8 pieces; this comm takes 4 at most"),
+            "over {p}: the WARN says why:\n{}",
+            fv.stderr
+        );
+        eprintln!("{p}: the malformed header failed the receive after {ms} ms");
     }
 }

@@ -210,7 +210,9 @@ impl Part {
     /// too, and the first one settles.
     pub(super) fn settle_once(&self, comm: &Comm, layout: Layout, drain: bool) {
         let _settling = self.settle_lock.lock();
-        if self.settled.swap(true, Ordering::AcqRel) {
+        // A header naming more pieces than the comm takes is malformed (see `outcome`): it
+        // is sealed, no piece of it received.
+        if self.settled.swap(true, Ordering::AcqRel) || layout.count > self.pieces.len() {
             return;
         }
         let Some(owner) = comm.owner() else {
