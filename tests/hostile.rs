@@ -191,17 +191,24 @@ fn serve_one(s: &mut Stranger, me: &[u8], victim: u64, bytes: &[u8], relay: &mut
     }
 }
 
-#[test]
-#[ignore = "child process of another test"]
-fn child_stranger() {
+/// A stranger on the provider of this run, listening, for the handle the first line of
+/// `lines` gives: it, the handle, its own address and the victim's.
+fn stranger_for(lines: &Receiver<String>) -> (Stranger, Handle, Vec<u8>, u64) {
     let provider = std::env::var("NCCL_FABRIC_PROVIDER").unwrap();
-    let lines = stdin_lines();
     let line = lines.recv_timeout(scaled(60.0)).expect("handle");
     let h = Handle::read(&handle_from_hex(&line).expect("hex")).expect("decode");
     let mut s = Stranger::open(&provider, domain_of(&provider));
     s.listen_any();
     let me = s.name();
     let victim = s.insert(&h.addr);
+    (s, h, me, victim)
+}
+
+#[test]
+#[ignore = "child process of another test"]
+fn child_stranger() {
+    let lines = stdin_lines();
+    let (mut s, h, me, victim) = stranger_for(&lines);
     let t = scaled(10.0);
     // The corpus first: none of it may take the listen comm from its real peer.
     let corpus = bad_messages(h.token, &me);
@@ -636,14 +643,8 @@ fn child_header_victim() {
 fn child_header_sender() {
     use nccl_net_fabric::handshake::{flows_field, piece_field, Identity};
     use nccl_net_fabric::tags::Layout;
-    let provider = std::env::var("NCCL_FABRIC_PROVIDER").unwrap();
     let lines = stdin_lines();
-    let line = lines.recv_timeout(scaled(60.0)).expect("handle");
-    let h = Handle::read(&handle_from_hex(&line).expect("hex")).expect("decode");
-    let mut s = Stranger::open(&provider, domain_of(&provider));
-    s.listen_any();
-    let me = s.name();
-    let victim = s.insert(&h.addr);
+    let (mut s, h, me, victim) = stranger_for(&lines);
     let t = scaled(10.0);
     let connect = Record {
         kind: Kind::Connect,
