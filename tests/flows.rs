@@ -132,7 +132,7 @@ fn child_flows_rank() {
 const AHEAD: usize = 2;
 
 /// The messages of a priming stream (see [`Prime`]): whole, the first [`TO_FINE`] of them
-/// prove the first flow slow; cut into 64 KiB pieces, the rest take every flow, up to 32,
+/// prove the first flow slow; cut into 32 KiB pieces, the rest take every flow, up to 32,
 /// each carrying more than [`data_connections`] asks of a flow.
 ///
 /// [`TO_FINE`]: nccl_net_fabric::pace::TO_FINE
@@ -637,8 +637,8 @@ fn short_messages_in_pieces_take_the_flows_in_turn() {
 
 /// NCCL's steps (512 KiB) two at a time on a comm of 16 flows that progress threads drive.
 /// Where every connection is capped (primed: see [`Prime`]), the send comm cuts each step
-/// into 8 pieces of 64 KiB, so that each step keeps 8 connections busy and the stream
-/// spreads over all 16. A size set (`NCCL_FABRIC_PIECE_BYTES`) is kept: 256 KiB pieces from
+/// into 16 pieces of 32 KiB, one per flow, so that every connection has the next step's
+/// piece queued when one ends. A size set (`NCCL_FABRIC_PIECE_BYTES`) is kept: 256 KiB pieces from
 /// the first message, never finer. The rates are printed: uncapped, capped, and capped held
 /// to 256 KiB pieces.
 #[test]

@@ -184,7 +184,7 @@ pub const TABLE: &[Setting] = &[
                   flow until they prove slow (2 batches of 4 in a row); \
                   and a send comm whose messages show its flows moving under 500 Mbit/s each \
                   (8 in a row; a network that caps each connection) cuts them into pieces of \
-                  65536 bytes at least, one per flow, until 64 in a row move \
+                  32768 bytes at least, one per flow, until 64 in a row move \
                   faster (then it cuts as before, or sends whole messages again); one that sent \
                   whole messages tries them again after 256 messages in pieces, then after twice \
                   as many each time they prove slow (one batch of 4)",
