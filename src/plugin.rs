@@ -320,16 +320,20 @@ fn open_devices(
             (true, 0) => crate::sizing::flows_for(described.speed_mbps),
             (true, n) => n,
         };
-        let lanes = match settings.lanes_auto {
-            true => settings.lanes.max(flows),
-            false => settings.lanes,
+        // A lane per flow, up to `MAX_FLOW_LANES` on one NIC (the flows beyond pair a
+        // sending lane with a receiving one); over several NICs every flow needs a lane.
+        let lanes = match (settings.lanes_auto, rails.len() > 1) {
+            (true, true) => settings.lanes.max(flows),
+            (true, false) => settings.lanes.max(flows.min(crate::sizing::MAX_FLOW_LANES)),
+            (false, _) => settings.lanes,
         };
         // Over several NICs, lanes come in whole rounds of the rails.
         let lanes = lanes.div_ceil(rails.len().max(1)) * rails.len().max(1);
-        // Flows set beyond the lanes pair every sending lane with every receiving one
-        // (`lane::most_flows`); by default no more flows than lanes.
-        let most = match settings.flows {
-            0 => lanes,
+        // Flows beyond the lanes pair every sending lane with every receiving one
+        // (`lane::most_flows`); where the lanes were set and the flows not, no more flows
+        // than lanes.
+        let most = match (settings.flows, settings.lanes_auto) {
+            (0, false) => lanes,
             _ => crate::lane::most_flows(lanes, rails.len()),
         };
         let flows = flows.min(most).min(crate::comm::MAX_FLOWS);
@@ -391,9 +395,10 @@ fn open_devices(
                 }
                 (1, false, _) => "1 flow per comm (whole messages, or an endpoint per comm)".into(),
                 (n, true, 0) => format!(
-                    "{n} flow(s) per comm ({} Mbps at an assumed {} Mbps per flow, 1 to 16{})",
+                    "{n} flow(s) per comm ({} Mbps at an assumed {} Mbps per flow, 1 to {}{})",
                     described.speed_mbps,
                     crate::sizing::FLOW_MBPS,
+                    crate::sizing::MAX_AUTO_FLOWS,
                     if n < crate::sizing::flows_for(described.speed_mbps) {
                         ", no more than the lanes"
                     } else {

@@ -103,10 +103,26 @@ pub fn threads_fit(cpus: usize, threads: usize) -> bool {
     cpus.saturating_sub(NCCL_BUSY_THREADS) >= threads
 }
 
+/// The most flows `auto` gives a device. Where a network caps each connection, a comm moves
+/// as many connections' worth as it keeps busy, and NCCL's Socket transport keeps 16 per
+/// comm busy in its cloud shape (2 threads x 8 sockets): to move more, a comm needs more.
+/// Over 32 connections capped at 100 Mbit/s, NCCL's steps two at a time moved 1.46x
+/// (`tcp;ofi_rxm`) and 2.05x (`tcp`) what 16 moved (BENCHMARKS.md). Flows cost nothing
+/// while messages go whole on the first one: their connections are made when a comm first
+/// cuts a message over them.
+pub const MAX_AUTO_FLOWS: usize = 32;
+
+/// The most lanes `auto` opens for a device's flows on one NIC; flows beyond them pair a
+/// sending lane with a receiving one (connections of their own on the same endpoints), so
+/// 32 flows cost no more endpoints, nor their buffers, than 16.
+pub const MAX_FLOW_LANES: usize = 16;
+
 /// The flows `auto` gives a device of `speed_mbps`: enough flows of [`FLOW_MBPS`] to carry
-/// it, from 1 to 16.
+/// it, from 1 to [`MAX_AUTO_FLOWS`].
 pub fn flows_for(speed_mbps: u64) -> usize {
-    speed_mbps.div_ceil(FLOW_MBPS).clamp(1, 16) as usize
+    speed_mbps
+        .div_ceil(FLOW_MBPS)
+        .clamp(1, MAX_AUTO_FLOWS as u64) as usize
 }
 
 #[cfg(test)]
@@ -175,7 +191,8 @@ mod tests {
     fn flows_carry_the_device_at_a_low_rate_each() {
         assert_eq!(flows_for(0), 1);
         assert_eq!(flows_for(1000), 2, "a 1 Gbps NIC");
-        assert_eq!(flows_for(10_000), 16, "a 10 Gbps NIC (and a veth)");
-        assert_eq!(flows_for(100_000), 16, "at most 16");
+        assert_eq!(flows_for(10_000), 20, "a 10 Gbps NIC (and a veth)");
+        assert_eq!(flows_for(16_000), 32);
+        assert_eq!(flows_for(100_000), 32, "at most 32");
     }
 }

@@ -128,6 +128,11 @@ fn child_flows_rank() {
     println!("RESULT ok=1");
 }
 
+/// The flows a comm gets by default between these hosts: a veth says 10 Gb/s.
+fn veth_flows() -> usize {
+    nccl_net_fabric::sizing::flows_for(10_000)
+}
+
 /// How many messages stream with each rank posting ahead, unless the script says.
 const AHEAD: usize = 2;
 
@@ -470,7 +475,7 @@ fn sent_since(hosts: &Hosts, flows: &[Connection]) -> Vec<u64> {
         .collect()
 }
 
-/// One comm streaming 8 MiB messages with 1 flow, 4 and the default (16 over a veth), every
+/// One comm streaming 8 MiB messages with 1 flow, 4 and the default (20 over a veth), every
 /// connection capped at [`CAP_MBIT`] (primed: see [`Prime`]): the rate grows with the flows,
 /// each carrying its share.
 #[test]
@@ -503,7 +508,7 @@ fn a_comm_moves_more_with_more_flows_on_capped_links() {
             );
             // The default (0) by the NIC's speed: a veth says 10 Gb/s, for the most flows.
             let k = match flows {
-                "0" => 16,
+                "0" => veth_flows(),
                 n => n.parse().unwrap(),
             };
             let sized = match k {
@@ -599,7 +604,7 @@ fn flows_beyond_the_lanes_are_connections_of_their_own() {
     }
 }
 
-/// Messages of NCCL's step size (512 KiB, in two pieces) on a comm of 16 flows: each
+/// Messages of NCCL's step size (512 KiB, in two pieces) on a comm of 20 flows: each
 /// message's pieces take the flows after the previous one's, so the stream spreads over every
 /// flow rather than the first two.
 #[test]
@@ -627,15 +632,15 @@ fn short_messages_in_pieces_take_the_flows_in_turn() {
         );
         assert_eq!(
             sent.len(),
-            16,
+            veth_flows(),
             "over {p}: connections that carried the warm-up"
         );
-        // Each flow carries 12 pieces of 256 KiB; the first the headers too.
+        // Each flow carries 9 or 10 pieces of 256 KiB; the first the headers too.
         carry_shares(&sent, (COUNT * STEP) as u64, &format!("over {p}"));
     }
 }
 
-/// NCCL's steps (512 KiB) two at a time on a comm of 16 flows that progress threads drive.
+/// NCCL's steps (512 KiB) two at a time on a comm of 20 flows that progress threads drive.
 /// Where every connection is capped (primed: see [`Prime`]), the send comm cuts each step
 /// into 16 pieces of 32 KiB, one per flow, so that every connection has the next step's
 /// piece queued when one ends. A size set (`NCCL_FABRIC_PIECE_BYTES`) is kept: 256 KiB pieces from
@@ -673,16 +678,21 @@ fn a_comm_whose_flows_are_capped_cuts_finer() {
             cap,
             sent_since,
         );
-        assert_eq!(sent.len(), 16, "over {p}: every flow's connection, capped");
+        assert_eq!(
+            sent.len(),
+            veth_flows(),
+            "over {p}: every flow's connection, capped"
+        );
         carry_shares(&sent, (STEPS * STEP) as u64, &format!("over {p}, capped"));
         let held = [threads[0], ("NCCL_FABRIC_PIECE_BYTES", "262144")];
         let ([a2, b2], _) = run_pair(&Hosts::new(2), p, &held, Prime::No, &stream, cap, |_, _| ());
         assert!(!a2.stderr.contains(FINER), "over {p}: a set size is kept");
         eprintln!(
-            "{p}: {STEPS} messages of {STEP} bytes, 2 in flight, 16 flows, progress threads: \
+            "{p}: {STEPS} messages of {STEP} bytes, 2 in flight, {} flows, progress threads: \
              uncapped {uncapped} MB/s (cut finer for a while: {finer_uncapped}); capped at \
              {CAP_MBIT} Mbit/s per connection {} MB/s, held to 256 KiB pieces {} MB/s; cut \
              finer: {}; sent per connection {sent:?}",
+            veth_flows(),
             rate(&b),
             rate(&b2),
             a.stderr.contains(FINER)
@@ -697,7 +707,7 @@ const STEPS: usize = 64;
 /// What a send comm says when it starts cutting finely.
 const FINER: &str = "as where a network caps each connection";
 
-/// The same steps on a comm of 16 flows, driven by NCCL's calls (no progress threads) or by
+/// The same steps on a comm of 20 flows, driven by NCCL's calls (no progress threads) or by
 /// progress threads: it sends them whole on its first flow while that is fast. With that
 /// flow's connection capped, the whole steps prove slow and the comm cuts them finely over
 /// all its flows, whose connections carry the rest of the stream.
@@ -740,9 +750,10 @@ fn a_comm_sends_whole_until_its_first_flow_proves_slow() {
             a.stderr
         );
         eprintln!(
-            "{p}: {STEPS} messages of {STEP} bytes, 2 in flight, 16 flows, progress threads \
+            "{p}: {STEPS} messages of {STEP} bytes, 2 in flight, {} flows, progress threads \
              {threads}, the first capped at {CAP_MBIT} Mbit/s: {} MB/s; cut finer: {}; the \
              first flow carried {first} bytes, {carried} connections carried data",
+            veth_flows(),
             b.result("mb_per_s").unwrap(),
             a.stderr.contains(FINER)
         );
@@ -752,7 +763,8 @@ fn a_comm_sends_whole_until_its_first_flow_proves_slow() {
             a.stderr
         );
         assert_eq!(
-            carried, 16,
+            carried,
+            veth_flows(),
             "over {p}, progress threads {threads}: every flow carried pieces"
         );
         assert!(

@@ -96,8 +96,8 @@ pub const TABLE: &[Setting] = &[
                   TCP flow (clouds do) carries that many flows' worth. Flows cost no threads; \
                   where they outnumber the lanes, each pairs a sending lane with a receiving \
                   one of its own (L lanes a side carry up to L x L flows). \
-                  0 = the device's speed over 500 Mbps per flow, from 1 to 16 (16 for 8 Gbps \
-                  and up); 1 over shared memory, with an endpoint per comm, where messages go \
+                  0 = the device's speed over 500 Mbps per flow, from 1 to 32 (20 for 10 Gbps, \
+                  32 for 16 Gbps and up); 1 over shared memory, with an endpoint per comm, where messages go \
                   whole, and for a rank bound to one CPU",
     },
     Setting {
@@ -109,8 +109,8 @@ pub const TABLE: &[Setting] = &[
                   start on them in turn (a set of flows apart where they hold several sets, so \
                   that each comm's flows are connections of its own), and a comm's flows are \
                   the lanes from its first on. \
-                  0 = the device's flows, or where messages go whole, by the CPUs of this \
-                  rank and the devices in use: (CPUs - 2) / (3 x devices), from 1 to 4",
+                  0 = the device's flows, up to 16 on one NIC (the flows beyond pair lanes), or \
+                  where messages go whole, by the CPUs of this rank and the devices in use: (CPUs - 2) / (3 x devices), from 1 to 4",
     },
     Setting {
         name: THREADS,

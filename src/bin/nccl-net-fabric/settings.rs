@@ -10,13 +10,15 @@ fn resolved(name: &str, effective: &str, parsed: Option<&Settings>) -> Option<St
     let s = parsed?;
     match (name, effective) {
         (settings::LANES, "0") => Some(format!(
-            "as many lanes per direction as the device's flows; {} where messages go whole \
-             ({} CPUs for this rank)",
+            "as many lanes per direction as the device's flows, up to {} on one NIC; {} where \
+             messages go whole ({} CPUs for this rank)",
+            sizing::MAX_FLOW_LANES,
             s.lanes,
             s.cpus.per_rank()
         )),
         (settings::FLOWS, "0") => Some(format!(
-            "by each device's speed: {} flows for 10 Gbps and up, {} for 1 Gbps",
+            "by each device's speed: {} flows for 100 Gbps, {} for 10 Gbps, {} for 1 Gbps",
+            sizing::flows_for(100_000),
             sizing::flows_for(10_000),
             sizing::flows_for(1000)
         )),
