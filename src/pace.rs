@@ -63,14 +63,33 @@ pub const WHOLE_BATCH: u32 = 4;
 /// Slow batches of whole messages in a row that make a comm cut finely.
 pub const WHOLE_RUN: u32 = 2;
 
-/// Messages a comm that sent whole messages cuts finely before it tries whole ones again;
-/// doubled each time the try proves slow, up to [`LAST_PROBE`]. Where NCCL's calls drive
-/// the flows, pieces are slow even where the network caps nothing (each waits on its flow's
-/// next turn), so a comm that cut finely for a passing reason (its peer was late for a few
-/// messages) would never see them fast again; on a network that caps each connection, each
-/// try costs one batch ([`WHOLE_BATCH`] messages) at one connection's rate, less often each
-/// time.
+/// Messages a comm that sent whole messages cuts finely before it tries whole ones again,
+/// at least; doubled each time the try proves slow, up to [`LAST_PROBE`]. Where NCCL's calls
+/// drive the flows, pieces are slow even where the network caps nothing (each waits on its
+/// flow's next turn), so a comm that cut finely for a passing reason (its peer was late for
+/// a few messages) would never see them fast again; on a network that caps each connection,
+/// each try costs one batch ([`WHOLE_BATCH`] messages) at one connection's rate, less often
+/// each time. See [`first_probe`].
 pub const FIRST_PROBE: u32 = 256;
+
+/// Messages cut finely per flow before the first try of whole messages (see
+/// [`first_probe`]).
+pub const PROBE_PER_FLOW: u32 = 64;
+
+/// After how many messages cut finely a comm of `flows` flows first tries whole messages
+/// again: [`PROBE_PER_FLOW`] per flow, from [`FIRST_PROBE`]. Where the network caps each
+/// connection, a try's batch moves at one connection's rate, where its pieces would have
+/// moved at all the comm's flows' rates: it costs about `WHOLE_BATCH × flows` messages' time
+/// in pieces, so the wait grows with the flows to keep that a small share (4 × 20 of
+/// 64 × 20, 6 %). Over 20 flows capped at 100 Mbit/s, a first try after 256 messages took
+/// NCCL's steps two at a time from 188-190 MB/s to 146 (`tcp;ofi_rxm`) and 108 (`tcp`) over
+/// 256 steps.
+pub fn first_probe(flows: usize) -> u32 {
+    let flows = u32::try_from(flows).unwrap_or(u32::MAX);
+    PROBE_PER_FLOW
+        .saturating_mul(flows)
+        .clamp(FIRST_PROBE, LAST_PROBE)
+}
 
 /// The longest wait between tries of whole messages (see [`FIRST_PROBE`]).
 pub const LAST_PROBE: u32 = 1 << 16;
@@ -125,6 +144,8 @@ pub struct Pace {
     floor: u64,
     /// How it cuts while its flows are fast: [`Cut::Whole`] or [`Cut::Coarse`].
     fast: Cut,
+    /// The first wait before a try of whole messages ([`first_probe`]).
+    first_probe: u32,
     state: Mutex<State>,
 }
 
@@ -151,27 +172,29 @@ struct State {
 impl Pace {
     /// Always pieces of `agreed` bytes at least.
     pub fn fixed(agreed: usize) -> Self {
-        Self::new(agreed, 0, Cut::Coarse)
+        Self::new(agreed, 0, Cut::Coarse, 1)
     }
 
     /// Pieces of `agreed` bytes (or whole messages, with `whole_while_fast`), and pieces of
-    /// [`FINE_PIECE`] while the flows move less than `floor_mbps` each.
-    pub fn adaptive(agreed: usize, floor_mbps: u64, whole_while_fast: bool) -> Self {
+    /// [`FINE_PIECE`] while the comm's `flows` move less than `floor_mbps` each.
+    pub fn adaptive(agreed: usize, floor_mbps: u64, whole_while_fast: bool, flows: usize) -> Self {
         let fast = match whole_while_fast {
             true => Cut::Whole,
             false => Cut::Coarse,
         };
         match agreed > FINE_PIECE {
-            true => Self::new(agreed, floor_mbps * 1_000_000 / 8, fast),
+            true => Self::new(agreed, floor_mbps * 1_000_000 / 8, fast, flows),
             false => Self::fixed(agreed),
         }
     }
 
-    fn new(agreed: usize, floor: u64, fast: Cut) -> Self {
+    fn new(agreed: usize, floor: u64, fast: Cut, flows: usize) -> Self {
+        let first_probe = first_probe(flows);
         Pace {
             agreed,
             floor,
             fast,
+            first_probe,
             state: Mutex::new(State {
                 cut: fast,
                 against: 0,
@@ -179,7 +202,7 @@ impl Pace {
                 whole_done_us: 0,
                 batch: (0, 0, 0),
                 fine_for: 0,
-                probe_after: FIRST_PROBE,
+                probe_after: first_probe,
                 probing: false,
             }),
         }
@@ -274,7 +297,7 @@ impl Pace {
             }
             Cut::Whole if sample.whole && !slow => {
                 s.probing = false;
-                s.probe_after = FIRST_PROBE;
+                s.probe_after = self.first_probe;
                 None
             }
             _ => None,
@@ -316,8 +339,8 @@ impl Pace {
 #[cfg(test)]
 mod tests {
     use super::{
-        Cut, Pace, Sample, FINE_PIECE, FIRST_PROBE, LAST_PROBE, TO_COARSE, TO_FINE, WHOLE_BATCH,
-        WHOLE_RUN,
+        first_probe, Cut, Pace, Sample, FINE_PIECE, FIRST_PROBE, LAST_PROBE, PROBE_PER_FLOW,
+        TO_COARSE, TO_FINE, WHOLE_BATCH, WHOLE_RUN,
     };
     use std::cell::Cell;
     use std::time::Duration;
@@ -377,7 +400,7 @@ mod tests {
 
     #[test]
     fn a_run_of_slow_messages_cuts_finer_and_a_longer_run_of_fast_ones_coarser() {
-        let comm = Comm::new(Pace::adaptive(AGREED, 500, false));
+        let comm = Comm::new(Pace::adaptive(AGREED, 500, false, 8));
         let pace = &comm.pace;
         assert_eq!(pace.piece(), AGREED, "coarse until the flows prove slow");
         assert_eq!(comm.send(TO_FINE - 1, piece_at(250)), []);
@@ -397,7 +420,7 @@ mod tests {
 
     #[test]
     fn one_message_against_the_run_starts_it_again() {
-        let comm = Comm::new(Pace::adaptive(AGREED, 500, false));
+        let comm = Comm::new(Pace::adaptive(AGREED, 500, false, 8));
         for _ in 0..10 {
             assert_eq!(comm.send(TO_FINE - 1, piece_at(100)), []);
             assert_eq!(
@@ -411,7 +434,7 @@ mod tests {
 
     #[test]
     fn whole_while_fast_until_whole_messages_prove_slow_and_again_once_pieces_are_fast() {
-        let comm = Comm::new(Pace::adaptive(AGREED, 500, true));
+        let comm = Comm::new(Pace::adaptive(AGREED, 500, true, 8));
         let pace = &comm.pace;
         assert_eq!(pace.piece(), 0, "whole messages while the flows are fast");
         assert_eq!(comm.send(100, piece_at(5000)), []);
@@ -442,7 +465,7 @@ mod tests {
 
     #[test]
     fn whole_messages_queued_together_are_timed_each_from_the_one_before() {
-        let pace = Pace::adaptive(AGREED, 500, true);
+        let pace = Pace::adaptive(AGREED, 500, true, 8);
         // Sixteen messages posted at once on one flow that moves 4 Gbit/s: the last is done
         // sixteen messages' time after its post, but each took one message's time.
         let one = at(MESSAGE, 4000).as_micros() as u64;
@@ -459,7 +482,7 @@ mod tests {
         // Completions in bursts (a capped connection under a provider that completes a
         // send once the kernel took it): one after a long wait, the next at once. Each
         // batch is slow, so two batches make it cut finely.
-        let pace = Pace::adaptive(AGREED, 500, true);
+        let pace = Pace::adaptive(AGREED, 500, true, 8);
         let bursts = (0..8u64).map(|k| {
             let t = 1_000 + (k / 2) * 100_000;
             match k % 2 {
@@ -469,7 +492,7 @@ mod tests {
         });
         assert_eq!(whole_at(&pace, bursts), [Cut::Fine]);
         // A fast stream with one stall, and idle spells between its messages: still whole.
-        let pace = Pace::adaptive(AGREED, 500, true);
+        let pace = Pace::adaptive(AGREED, 500, true, 8);
         let stream = (0..64u64).map(|k| {
             let t = 1_000 + k * 1_000_000;
             match k {
@@ -483,13 +506,14 @@ mod tests {
 
     #[test]
     fn a_comm_that_cut_finely_tries_whole_messages_again_less_often_each_time() {
-        let comm = Comm::new(Pace::adaptive(AGREED, 500, true));
+        let flows = 20;
+        let comm = Comm::new(Pace::adaptive(AGREED, 500, true, flows));
         let pace = &comm.pace;
         let to_fine = WHOLE_BATCH * WHOLE_RUN;
         // Every connection capped at 250 Mbit/s: whole messages and pieces alike are slow.
         let capped = piece_at(250);
         assert_eq!(comm.send(to_fine, &capped), [Cut::Fine]);
-        let mut wait = FIRST_PROBE;
+        let mut wait = first_probe(flows);
         for _ in 0..4 {
             assert_eq!(comm.send(wait - 1, &capped), []);
             assert_eq!(comm.send(1, &capped), [Cut::Whole], "a try after {wait}");
@@ -512,13 +536,22 @@ mod tests {
         assert_eq!(pace.piece(), 0);
         // Pushed to fine pieces again, it tries whole ones after the first wait once more.
         assert_eq!(comm.send(to_fine, &capped), [Cut::Fine]);
-        assert_eq!(comm.send(FIRST_PROBE - 1, by_calls), []);
+        assert_eq!(comm.send(first_probe(flows) - 1, by_calls), []);
         assert_eq!(comm.send(1, by_calls), [Cut::Whole]);
     }
 
     #[test]
+    fn the_first_try_waits_longer_the_more_flows_a_comm_has() {
+        assert_eq!(first_probe(1), FIRST_PROBE);
+        assert_eq!(first_probe(4), FIRST_PROBE);
+        assert_eq!(first_probe(20), 20 * PROBE_PER_FLOW);
+        assert_eq!(first_probe(32), 32 * PROBE_PER_FLOW);
+        assert_eq!(first_probe(usize::MAX), LAST_PROBE);
+    }
+
+    #[test]
     fn comms_that_cut_coarsely_while_fast_never_try_whole_messages() {
-        let comm = Comm::new(Pace::adaptive(AGREED, 500, false));
+        let comm = Comm::new(Pace::adaptive(AGREED, 500, false, 8));
         assert_eq!(comm.send(TO_FINE, piece_at(250)), [Cut::Fine]);
         assert_eq!(comm.send(4 * LAST_PROBE, piece_at(250)), []);
         assert_eq!(comm.pace.piece(), FINE_PIECE);
@@ -528,8 +561,8 @@ mod tests {
     fn short_messages_and_set_sizes_teach_nothing() {
         for pace in [
             Pace::fixed(AGREED),
-            Pace::adaptive(FINE_PIECE, 500, false),
-            Pace::adaptive(0, 500, true),
+            Pace::adaptive(FINE_PIECE, 500, false, 8),
+            Pace::adaptive(0, 500, true, 8),
         ] {
             let comm = Comm::new(pace);
             let agreed = comm.pace.piece();
@@ -537,7 +570,7 @@ mod tests {
             assert_eq!(comm.pace.piece(), agreed);
             assert!(!comm.pace.adapts());
         }
-        let pace = Pace::adaptive(AGREED, 500, true);
+        let pace = Pace::adaptive(AGREED, 500, true, 8);
         assert_eq!(pace.times(AGREED, None), None, "not longer than a piece");
         assert_eq!(pace.times(AGREED + 1, None), Some((AGREED + 1, true)));
         assert_eq!(pace.times(MESSAGE, Some(AGREED)), Some((AGREED, false)));

@@ -776,18 +776,18 @@ fn a_comm_sends_whole_until_its_first_flow_proves_slow() {
 }
 
 /// A comm that NCCL's calls drive, pushed into fine pieces (primed: its first flow capped
-/// while it streams), tries whole messages again once it has sent [`FIRST_PROBE`] messages
+/// while it streams), tries whole messages again once it has sent [`first_probe`] messages
 /// in pieces, and keeps them on a link that no longer caps anything: there its pieces look
 /// slow (each waits on its flow's next turn), so only the try brings it back.
 ///
-/// [`FIRST_PROBE`]: nccl_net_fabric::pace::FIRST_PROBE
+/// [`first_probe`]: nccl_net_fabric::pace::first_probe
 #[test]
 fn a_comm_driven_by_calls_tries_whole_messages_again() {
     if !hosts_or_skip() {
         return;
     }
     let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
-    let steps = 2 * nccl_net_fabric::pace::FIRST_PROBE as usize;
+    let steps = 2 * nccl_net_fabric::pace::first_probe(veth_flows()) as usize;
     let stream = format!("stream:{steps}:{STEP}:2");
     let again = "whole messages on its first flow again";
     for p in striping_providers() {

@@ -264,7 +264,8 @@ impl Comm {
             .iter()
             .any(|w| w.lane.endpoint.domain.claimed_local_mr());
         // A comm of several flows sends whole messages while they are fast (see `pace`).
-        let whole_while_fast = wires.len() > 1;
+        let flows = wires.len();
+        let whole_while_fast = flows > 1;
         let stray_seen = AtomicU64::new(stray_errors(&wires));
         let comm = Arc::new_cyclic(|this| Comm {
             this: this.clone(),
@@ -274,7 +275,7 @@ impl Comm {
             peer,
             pace: match (dir, adapt) {
                 (Direction::Send, true) => {
-                    Pace::adaptive(piece, crate::sizing::FLOW_MBPS, whole_while_fast)
+                    Pace::adaptive(piece, crate::sizing::FLOW_MBPS, whole_while_fast, flows)
                 }
                 _ => Pace::fixed(piece),
             },

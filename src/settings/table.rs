@@ -186,7 +186,7 @@ pub const TABLE: &[Setting] = &[
                   (8 in a row; a network that caps each connection) cuts them into pieces of \
                   32768 bytes at least, one per flow, until 64 in a row move \
                   faster (then it cuts as before, or sends whole messages again); one that sent \
-                  whole messages tries them again after 256 messages in pieces, then after twice \
+                  whole messages tries them again after 64 messages in pieces per flow (256 at least), then after twice \
                   as many each time they prove slow (one batch of 4)",
     },
     Setting {
