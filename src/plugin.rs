@@ -416,6 +416,7 @@ fn open_devices(
                 true => settings.threads,
                 false => 0,
             },
+            calls_help: settings.calls_help,
             lanes,
             flows,
             per_comm,

@@ -826,7 +826,8 @@ fn ranks_over(env: &[(String, String)], what: &str) -> [(&'static str, common::F
 }
 
 /// Provider environments for two-process tests: each provider with NCCL's calls driving
-/// everything, and with progress threads that post and progress.
+/// everything, with progress threads that post and progress, and with both (the threads,
+/// and NCCL's calls taking turns when no thread is in one).
 fn provider_envs() -> Vec<(String, Vec<(String, String)>)> {
     let mut out = Vec::new();
     for p in data_providers() {
@@ -834,6 +835,12 @@ fn provider_envs() -> Vec<(String, Vec<(String, String)>)> {
         let mut threaded = provider_env(p);
         threaded.push(("NCCL_FABRIC_PROGRESS_THREAD".into(), "yes".into()));
         out.push((format!("{p} with progress threads"), threaded));
+        let mut both = provider_env(p);
+        both.push(("NCCL_FABRIC_PROGRESS_THREAD".into(), "both".into()));
+        out.push((
+            format!("{p} with progress threads and NCCL's calls driving"),
+            both,
+        ));
     }
     out
 }

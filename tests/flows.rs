@@ -707,8 +707,8 @@ const STEPS: usize = 64;
 /// What a send comm says when it starts cutting finely.
 const FINER: &str = "as where a network caps each connection";
 
-/// The same steps on a comm of 20 flows, driven by NCCL's calls (no progress threads) or by
-/// progress threads: it sends them whole on its first flow while that is fast. With that
+/// The same steps on a comm of 20 flows, driven by NCCL's calls (no progress threads), by
+/// progress threads, or by both: it sends them whole on its first flow while that is fast. With that
 /// flow's connection capped, the whole steps prove slow and the comm cuts them finely over
 /// all its flows, whose connections carry the rest of the stream.
 #[test]
@@ -721,7 +721,7 @@ fn a_comm_sends_whole_until_its_first_flow_proves_slow() {
     let whole = "once whole messages on the first flow prove slower than 500 Mbit/s";
     for (p, threads) in striping_providers()
         .into_iter()
-        .flat_map(|p| [(p, "no"), (p, "yes")])
+        .flat_map(|p| [(p, "no"), (p, "yes"), (p, "both")])
     {
         let driver = [("NCCL_FABRIC_PROGRESS_THREAD", threads)];
         let ([a, b], (first, carried)) = run_pair(

@@ -44,6 +44,9 @@ pub struct Lane {
     pub tags: Tags,
     /// Whether a progress thread drives it (else NCCL's calls do).
     pub threaded: bool,
+    /// A progress thread drives it, and NCCL's calls take turns too when the thread is not
+    /// in one (`NCCL_FABRIC_PROGRESS_THREAD=both`).
+    calls_help: bool,
     inbox: Arc<Inbox>,
     health: Arc<Health>,
     /// Its driver (`None` once retired): whoever holds this lock takes the driver's turn, its
@@ -80,7 +83,10 @@ impl Lane {
     /// again on a busy machine (8 B ping-pong with one busy core: 3 ms instead of 20 µs).
     pub fn submit(&self, post: Post) -> Result<Option<Post>> {
         if self.threaded {
-            return self.enqueue(post).map(|_| None);
+            // Through the inbox either way: posting order is matching order, and the thread
+            // retries what the provider refuses for now.
+            self.enqueue(post)?;
+            return self.drive().map(|_| None);
         }
         self.last_call
             .store(crate::control::now_ms(), Ordering::Relaxed);
@@ -150,11 +156,11 @@ impl Lane {
     }
 
     /// Progress on behalf of an NCCL call: one turn of the driver, unless a progress thread
-    /// drives, or another NCCL call is driving the lane at this moment (then that call's
-    /// turn is this one's too: nobody waits for the lane). Errors of the endpoint itself are
-    /// returned.
+    /// drives (and calls do not help it), or another NCCL call or the thread is driving the
+    /// lane at this moment (then that turn is this one's too: nobody waits for the lane).
+    /// Errors of the endpoint itself are returned.
     pub fn drive(&self) -> Result<()> {
-        if !self.threaded {
+        if !self.threaded || self.calls_help {
             let now = crate::control::now_ms();
             self.last_call.store(now, Ordering::Relaxed);
             if let Some(mut link) = self.link.try_lock() {

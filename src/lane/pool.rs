@@ -45,6 +45,8 @@ pub struct LaneConfig {
     pub expected_answer: Option<i32>,
     /// Progress threads that drive the device's lanes (0: NCCL's calls drive them).
     pub threads: usize,
+    /// Where progress threads drive, NCCL's calls take turns on their comms' lanes too.
+    pub calls_help: bool,
     /// Lanes per role: each comm's flows are that many of them at most.
     pub lanes: usize,
     /// Flows per comm (see [`first_lane`]).
@@ -428,6 +430,7 @@ impl LanePool {
             endpoint,
             role,
             threaded,
+            calls_help: threaded && c.calls_help,
             inbox,
             health,
             link: Mutex::new(Some(Box::new(driver))),

@@ -81,6 +81,9 @@ pub struct Settings {
     /// One device over every NIC (`NCCL_FABRIC_MERGE`).
     pub merge: bool,
     pub progress_thread: bool,
+    /// With progress threads, NCCL's calls take turns on their comms' lanes too
+    /// (`NCCL_FABRIC_PROGRESS_THREAD=both`).
+    pub calls_help: bool,
     /// How long a progress thread with nothing to do spins before it sleeps on the
     /// provider's wait object (`None`: never).
     pub progress_spin: Option<Duration>,

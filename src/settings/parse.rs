@@ -105,7 +105,8 @@ impl Settings {
             allow_native_tcp: value(&lookup, ALLOW_TCP_RDM)? == "yes",
             rxm_rndv_write: lookup(RXM_RNDV_WRITE).is_some_and(|v| libfabric_true(&v)),
             merge: value(&lookup, MERGE)? == "yes",
-            progress_thread: threads == "yes",
+            progress_thread: threads == "yes" || threads == "both",
+            calls_help: threads == "both",
             progress_spin: Some(Duration::from_micros(number(PROGRESS_SPIN_US)?))
                 .filter(|&d| d < Duration::from_secs(10)),
             spin_auto: lookup(PROGRESS_SPIN_US).is_none(),

@@ -63,9 +63,13 @@ impl Settings {
         };
         let threads = match self.progress_thread {
             true => format!(
-                "{} progress thread(s) per device drive all its endpoints ({} busy thread(s) \
+                "{} progress thread(s) per device drive all its endpoints{} ({} busy thread(s) \
                  of the plugin while data moves, however many flows)",
                 self.threads,
+                match self.calls_help {
+                    true => ", NCCL's calls taking turns too",
+                    false => "",
+                },
                 self.busy_threads()
             ),
             false => "no progress threads: NCCL's calls drive the endpoints".into(),

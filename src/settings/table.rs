@@ -234,14 +234,17 @@ pub const TABLE: &[Setting] = &[
     },
     Setting {
         name: PROGRESS_THREAD,
-        kind: Kind::Choice(&["auto", "yes", "no"]),
+        kind: Kind::Choice(&["auto", "yes", "no", "both"]),
         default: "auto",
         meaning: "`yes`: a few progress threads per device (NCCL_FABRIC_THREADS) drive its \
                   endpoints, posting what NCCL's calls hand them and reading completions \
                   continuously (they spin while traffic flows, so work a provider does while \
                   posting runs there, not in NCCL's one proxy thread per GPU); `no`: NCCL's own \
-                  calls drive each endpoint, one at a time; `auto`: `yes` when the threads fit \
-                  in this rank's CPUs beside NCCL's own 2"
+                  calls drive each endpoint, one at a time; `both`: progress threads as with \
+                  `yes`, and each NCCL call also takes a turn on its comm's endpoints when no \
+                  thread is in one (NCCL's proxy thread then shares the provider's copies with \
+                  fewer threads); `auto`: `yes` when the threads fit in this rank's CPUs beside \
+                  NCCL's own 2"
     },
     Setting {
         name: PROGRESS_SPIN_US,
