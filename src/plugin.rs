@@ -320,13 +320,8 @@ fn open_devices(
             (true, 0) => crate::sizing::flows_for(described.speed_mbps),
             (true, n) => n,
         };
-        // A lane per flow, up to `MAX_FLOW_LANES` on one NIC (the flows beyond pair a
-        // sending lane with a receiving one); over several NICs every flow needs a lane.
-        let lanes = match (settings.lanes_auto, rails.len() > 1) {
-            (true, true) => settings.lanes.max(flows),
-            (true, false) => settings.lanes.max(flows.min(crate::sizing::MAX_FLOW_LANES)),
-            (false, _) => settings.lanes,
-        };
+        let lanes =
+            crate::sizing::lanes_for_flows(settings.lanes, settings.lanes_auto, flows, rails.len());
         // Over several NICs, lanes come in whole rounds of the rails.
         let lanes = lanes.div_ceil(rails.len().max(1)) * rails.len().max(1);
         // Flows beyond the lanes pair every sending lane with every receiving one

@@ -125,9 +125,24 @@ pub fn flows_for(speed_mbps: u64) -> usize {
         .clamp(1, MAX_AUTO_FLOWS as u64) as usize
 }
 
+/// Lanes per role for a device of `flows` flows over `rails` NICs, where `lanes` were set,
+/// or (`auto`) sized for the CPUs: a lane per flow too, up to [`MAX_FLOW_LANES`] on one NIC
+/// (the flows beyond pair a sending lane with a receiving one), every flow on several (flow
+/// `j` travels on rail `j mod rails` at both ends, a lane of its own).
+pub fn lanes_for_flows(lanes: usize, auto: bool, flows: usize, rails: usize) -> usize {
+    match (auto, rails > 1) {
+        (true, true) => lanes.max(flows),
+        (true, false) => lanes.max(flows.min(MAX_FLOW_LANES)),
+        (false, _) => lanes,
+    }
+}
+
 #[cfg(test)]
 mod tests {
-    use super::{flows_for, sizing_for, Sizing, MAX_AUTO_THREADS, NCCL_BUSY_THREADS};
+    use super::{
+        flows_for, lanes_for_flows, sizing_for, Sizing, MAX_AUTO_THREADS, MAX_FLOW_LANES,
+        NCCL_BUSY_THREADS,
+    };
 
     #[test]
     fn ranks_sharing_a_machine_get_fewer_lanes_and_threads() {
@@ -185,6 +200,24 @@ mod tests {
                 }
             }
         }
+    }
+
+    #[test]
+    fn flows_beyond_sixteen_pair_lanes_on_one_nic() {
+        assert_eq!(lanes_for_flows(4, true, 32, 1), MAX_FLOW_LANES);
+        assert_eq!(lanes_for_flows(4, true, 20, 1), 16, "a veth's 20 flows");
+        assert_eq!(lanes_for_flows(4, true, 8, 1), 8);
+        assert_eq!(
+            lanes_for_flows(4, true, 1, 1),
+            4,
+            "messages whole: by the CPUs"
+        );
+        assert_eq!(
+            lanes_for_flows(4, true, 32, 2),
+            32,
+            "a lane per flow over 2 NICs"
+        );
+        assert_eq!(lanes_for_flows(4, false, 32, 1), 4, "as set");
     }
 
     #[test]
