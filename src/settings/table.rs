@@ -44,6 +44,8 @@ pub const MAX_RECVS: &str = "NCCL_FABRIC_MAX_RECVS";
 pub const PIECE_BYTES: &str = "NCCL_FABRIC_PIECE_BYTES";
 pub const TIMES: &str = "NCCL_FABRIC_TIMES";
 pub const CONTROL_PROVIDER: &str = "NCCL_FABRIC_CONTROL_PROVIDER";
+pub const TUNER_BELOW_BYTES: &str = "NCCL_FABRIC_TUNER_BELOW_BYTES";
+pub const TUNER_CHANNELS: &str = "NCCL_FABRIC_TUNER_CHANNELS";
 
 pub const TABLE: &[Setting] = &[
     Setting {
@@ -212,6 +214,24 @@ pub const TABLE: &[Setting] = &[
                   from the provider's link attributes, else the kernel's \
                   (`/sys/class/net/<if>/speed`), else 100000 (virtio and other NICs that report \
                   none) or 400000 for shm and sm2",
+    },
+    Setting {
+        name: TUNER_BELOW_BYTES,
+        kind: Kind::Number { min: 0, max: 1 << 40 },
+        default: "0",
+        meaning: "the plugin's library also holds an NCCL tuner (ncclTunerPlugin_v5, loaded \
+                  by NCCL 2.28 and later when NCCL_TUNER_PLUGIN is unset): collectives \
+                  shorter than this many bytes run on at most NCCL_FABRIC_TUNER_CHANNELS \
+                  channels, where NCCL would run more (for channels connected beyond what \
+                  shorter collectives need, e.g. with NCCL_MIN_NCHANNELS or a higher \
+                  NCCL_FABRIC_SPEED_MBPS). 0 = the tuner leaves every choice to NCCL",
+    },
+    Setting {
+        name: TUNER_CHANNELS,
+        kind: Kind::Number { min: 1, max: 64 },
+        default: "2",
+        meaning: "the channels collectives shorter than NCCL_FABRIC_TUNER_BELOW_BYTES run on \
+                  at most",
     },
     Setting {
         name: MERGE,
