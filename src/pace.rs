@@ -31,8 +31,9 @@
 //! [`TO_FINE`] slow messages in a row (pieces), or [`WHOLE_RUN`] slow batches (whole
 //! messages), make the comm cut finely; [`TO_COARSE`] fast ones in a row make it cut
 //! coarsely again (or send whole messages again; a comm that sent whole messages also tries
-//! them again after [`FIRST_PROBE`] messages cut finely, then after twice as many each time
-//! the try proves slow, which one slow batch does). The second run is the
+//! them again after [`first_probe`] messages cut finely, then after twice as many each time
+//! the try proves slow, which one slow batch does, or fewer of its messages where they alone
+//! took longer than the batch may). The second run is the
 //! longer: small pieces can look fast on a capped connection (a rate limiter lets a burst
 //! through after an idle spell, 64 KiB and more on `lo`), while a comm that moves fast and
 //! cut finely for a while (the receiver kept it waiting, its connections were being made)
@@ -68,7 +69,8 @@ pub const WHOLE_RUN: u32 = 2;
 /// drive the flows, pieces are slow even where the network caps nothing (each waits on its
 /// flow's next turn), so a comm that cut finely for a passing reason (its peer was late for
 /// a few messages) would never see them fast again; on a network that caps each connection,
-/// each try costs one batch ([`WHOLE_BATCH`] messages) at one connection's rate, less often
+/// each try costs one batch ([`WHOLE_BATCH`] messages, fewer where the first ones already
+/// took longer than the batch may) at one connection's rate, less often
 /// each time. See [`first_probe`].
 pub const FIRST_PROBE: u32 = 256;
 
@@ -262,10 +264,15 @@ impl Pace {
                 let start = sample.posted_us.max(s.whole_done_us);
                 s.whole_done_us = sample.done_us;
                 let (n, bytes, micros) = s.batch;
-                let bytes = bytes + sample.bytes as u64;
+                let (n, bytes) = (n + 1, bytes + sample.bytes as u64);
                 let micros = micros + sample.done_us.saturating_sub(start);
-                if n + 1 < WHOLE_BATCH {
-                    s.batch = (n + 1, bytes, micros);
+                // A try whose messages so far took longer than the whole batch may at the
+                // floor rate ends now: the rest cannot make it fast.
+                let hopeless = s.probing
+                    && u128::from(micros) * u128::from(self.floor)
+                        > u128::from(bytes) * u128::from(WHOLE_BATCH) * 1_000_000 / u128::from(n);
+                if n < WHOLE_BATCH && !hopeless {
+                    s.batch = (n, bytes, micros);
                     return None;
                 }
                 s.batch = (0, 0, 0);
@@ -518,9 +525,9 @@ mod tests {
             assert_eq!(comm.send(wait - 1, &capped), []);
             assert_eq!(comm.send(1, &capped), [Cut::Whole], "a try after {wait}");
             assert_eq!(
-                comm.send(WHOLE_BATCH, &capped),
+                comm.send(3, &capped),
                 [Cut::Fine],
-                "one slow batch ends the try"
+                "at half the floor, three messages end the try"
             );
             wait *= 2;
         }
@@ -538,6 +545,31 @@ mod tests {
         assert_eq!(comm.send(to_fine, &capped), [Cut::Fine]);
         assert_eq!(comm.send(first_probe(flows) - 1, by_calls), []);
         assert_eq!(comm.send(1, by_calls), [Cut::Whole]);
+    }
+
+    #[test]
+    fn a_try_ends_once_its_first_messages_took_longer_than_a_batch_may() {
+        let flows = 4;
+        let comm = Comm::new(Pace::adaptive(AGREED, 500, true, flows));
+        let to_fine = WHOLE_BATCH * WHOLE_RUN;
+        assert_eq!(comm.send(to_fine, piece_at(100)), [Cut::Fine]);
+        assert_eq!(comm.send(first_probe(flows) - 1, piece_at(100)), []);
+        assert_eq!(comm.send(1, piece_at(100)), [Cut::Whole]);
+        // At a fifth of the floor, one whole message takes longer than four may.
+        assert_eq!(comm.send(1, piece_at(100)), [Cut::Fine], "ended after one");
+        // At half the floor, the third message is past four at the floor.
+        assert_eq!(comm.send(2 * first_probe(flows) - 1, piece_at(250)), []);
+        assert_eq!(comm.send(1, piece_at(250)), [Cut::Whole]);
+        assert_eq!(comm.send(2, piece_at(250)), []);
+        assert_eq!(
+            comm.send(1, piece_at(250)),
+            [Cut::Fine],
+            "ended after three"
+        );
+        // The first whole messages, not a try, are judged in whole batches.
+        let comm = Comm::new(Pace::adaptive(AGREED, 500, true, flows));
+        assert_eq!(comm.send(to_fine - 1, piece_at(100)), []);
+        assert_eq!(comm.send(1, piece_at(100)), [Cut::Fine]);
     }
 
     #[test]

@@ -189,7 +189,8 @@ pub const TABLE: &[Setting] = &[
                   32768 bytes at least, one per flow, until 64 in a row move \
                   faster (then it cuts as before, or sends whole messages again); one that sent \
                   whole messages tries them again after 64 messages in pieces per flow (256 at least), then after twice \
-                  as many each time they prove slow (one batch of 4)",
+                  as many each time they prove slow (one batch of 4, or fewer messages where they \
+                  already took longer than 4 may)",
     },
     Setting {
         name: TIMES,
