@@ -10,6 +10,12 @@ use std::time::Duration;
 
 const T: Duration = Duration::from_secs(60);
 
+/// The plugin's path, for dlopen.
+fn plugin_path() -> std::ffi::CString {
+    let path = nccl_net_host::PluginLib::default_path();
+    std::ffi::CString::new(path.to_string_lossy().as_bytes()).unwrap()
+}
+
 #[test]
 fn only_the_table_is_exported() {
     let path = nccl_net_host::PluginLib::default_path();
@@ -84,12 +90,7 @@ fn soname_is_what_ld_preload_needs() {
 #[test]
 #[ignore = "child process of another test"]
 fn child_failed_init_then_dlclose() {
-    let path = std::ffi::CString::new(
-        nccl_net_host::PluginLib::default_path()
-            .to_string_lossy()
-            .as_bytes(),
-    )
-    .unwrap();
+    let path = plugin_path();
     // SAFETY: plain dlopen/dlsym/dlclose of the plugin, as NCCL does.
     unsafe {
         let h = libc::dlopen(path.as_ptr(), libc::RTLD_NOW | libc::RTLD_LOCAL);
@@ -305,12 +306,7 @@ fn settings_doc_table_matches_the_code() {
 #[ignore = "child process of another test"]
 fn child_v11() {
     let lib = plugin();
-    let path = std::ffi::CString::new(
-        nccl_net_host::PluginLib::default_path()
-            .to_string_lossy()
-            .as_bytes(),
-    )
-    .unwrap();
+    let path = plugin_path();
     // SAFETY: the plugin is loaded (above); the v11 table is an immutable static there.
     let t = unsafe {
         let h = libc::dlopen(path.as_ptr(), libc::RTLD_NOW | libc::RTLD_LOCAL);
@@ -490,12 +486,7 @@ fn the_tuner_lowers_channels_below_its_bound_through_its_table() {
 #[ignore = "child process of another test"]
 fn child_tuner() {
     use nccl_net_fabric::nccl::TunerV5;
-    let path = std::ffi::CString::new(
-        nccl_net_host::PluginLib::default_path()
-            .to_string_lossy()
-            .as_bytes(),
-    )
-    .unwrap();
+    let path = plugin_path();
     // SAFETY: dlopen/dlsym of the plugin and calls through its tuner table with the
     // arguments NCCL passes (a cost table of 7 x 3 floats, out-pointers that live on).
     unsafe {
