@@ -85,8 +85,14 @@ impl Lane {
         if self.threaded {
             // Through the inbox either way: posting order is matching order, and the thread
             // retries what the provider refuses for now.
-            self.enqueue(post)?;
-            return self.drive().map(|_| None);
+            // A failed endpoint refuses the post while the request can still be withdrawn.
+            // Once in the inbox the post is the driver's, and the request must stay: an error
+            // of this turn, or a failure from now on, reaches it through the lane's health
+            // when it is tested.
+            self.health.check()?;
+            self.inbox.push(Command::Post(post));
+            let _ = self.drive();
+            return Ok(None);
         }
         self.last_call
             .store(crate::control::now_ms(), Ordering::Relaxed);
