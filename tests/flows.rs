@@ -640,7 +640,8 @@ fn short_messages_in_pieces_take_the_flows_in_turn() {
     }
 }
 
-/// NCCL's steps (512 KiB) two at a time on a comm of 20 flows that progress threads drive.
+/// NCCL's steps (512 KiB) two at a time on a comm of 20 flows that progress threads drive
+/// (NCCL's calls over native tcp: see [`capped_drivers`]).
 /// Where every connection is capped (primed: see [`Prime`]), the send comm cuts each step
 /// into 16 pieces of 32 KiB, one per flow, so that every connection has the next step's
 /// piece queued when one ends. A size set (`NCCL_FABRIC_PIECE_BYTES`) is kept: 256 KiB pieces from
@@ -655,8 +656,12 @@ fn a_comm_whose_flows_are_capped_cuts_finer() {
     let stream = format!("stream:{STEPS}:{STEP}:2");
     let cap = |hosts: &Hosts, flows: &[Connection]| hosts.cap_flows(0, flows, &[CAP_MBIT]);
     let rate = |f: &Finished| f.result("mb_per_s").unwrap();
-    let threads = [("NCCL_FABRIC_PROGRESS_THREAD", "yes")];
     for p in striping_providers() {
+        let drive = match capped_drivers(p).contains(&"yes") {
+            true => "yes",
+            false => "no",
+        };
+        let threads = [("NCCL_FABRIC_PROGRESS_THREAD", drive)];
         // Uncapped, whether it cuts finer for a while depends on the machine's load (and on
         // its connections being made), so it is only printed: a timing, not a check.
         let ([a, b], _) = run_pair(
@@ -700,6 +705,19 @@ fn a_comm_whose_flows_are_capped_cuts_finer() {
     }
 }
 
+/// Who drives a comm whose connections get capped over `p` (`NCCL_FABRIC_PROGRESS_THREAD`):
+/// NCCL's calls, progress threads, or both. Native tcp with progress threads leaves pieces
+/// with the provider for good now and then on capped connections (libfabric 2.1, 256 KiB
+/// pieces: 2 of 8 runs; 0 of 6 uncapped, 0 of 6 with threads that never sleep, 0 of 6 with
+/// NCCL's calls driving; see `quirks`). The plugin refuses native tcp under NCCL for its hangs
+/// (ofiwg/libfabric#8963); there NCCL's calls drive alone.
+fn capped_drivers(p: &str) -> &'static [&'static str] {
+    match p {
+        "tcp" => &["no"],
+        _ => &["no", "yes", "both"],
+    }
+}
+
 /// NCCL's steps (512 KiB). A comm the steps are cut in.
 const STEP: usize = 512 << 10;
 /// The steps a stream of the pace tests sends.
@@ -708,7 +726,8 @@ const STEPS: usize = 64;
 const FINER: &str = "as where a network caps each connection";
 
 /// The same steps on a comm of 20 flows, driven by NCCL's calls (no progress threads), by
-/// progress threads, or by both: it sends them whole on its first flow while that is fast. With that
+/// progress threads, or by both ([`capped_drivers`]): it sends them whole on its first flow
+/// while that is fast. With that
 /// flow's connection capped, the whole steps prove slow and the comm cuts them finely over
 /// all its flows, whose connections carry the rest of the stream.
 #[test]
@@ -721,7 +740,7 @@ fn a_comm_sends_whole_until_its_first_flow_proves_slow() {
     let whole = "once whole messages on the first flow prove slower than 500 Mbit/s";
     for (p, threads) in striping_providers()
         .into_iter()
-        .flat_map(|p| [(p, "no"), (p, "yes"), (p, "both")])
+        .flat_map(|p| capped_drivers(p).iter().map(move |&d| (p, d)))
     {
         let driver = [("NCCL_FABRIC_PROGRESS_THREAD", threads)];
         let ([a, b], (first, carried)) = run_pair(
