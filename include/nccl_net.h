@@ -405,21 +405,6 @@ typedef struct {
   size_t length;  /* bytes posted */
 } ncclProfilerNetFabricDescr_v1_t;
 
-/* The tuner NCCL 2.28+ load from the net plugin's library when NCCL_TUNER_PLUGIN is unset.
- * nvlDomainInfo and constants are NCCL's structs, left opaque here (this tuner reads
- * neither). collType 4 is all_reduce; collCostTable is float[numAlgo][numProto]. */
-typedef struct {
-  const char* name;
-  ncclResult_t (*init)(void** context, uint64_t commId, size_t nRanks, size_t nNodes,
-                       ncclDebugLogger_t logFunction, void* nvlDomainInfo, void* constants);
-  ncclResult_t (*getCollInfo)(void* context, int collType, size_t nBytes, int numPipeOps,
-                              float** collCostTable, int numAlgo, int numProto, int regBuff,
-                              int* nChannels);
-  ncclResult_t (*finalize)(void* context);
-} ncclTuner_v5_t;
-
-extern const ncclTuner_v5_t ncclTunerPlugin_v5;
-
 /* The tables this plugin exports (NCCL looks up the newest it knows first). */
 extern const ncclNet_v12_t ncclNetPlugin_v12;
 extern const ncclNet_v11_t ncclNetPlugin_v11;
@@ -454,7 +439,6 @@ _Static_assert(offsetof(ncclNetProperties_v12_t, maxP2pBytes) == 104, "maxP2pByt
 _Static_assert(offsetof(ncclNetProperties_v12_t, railId) == 124, "railId at 124");
 _Static_assert(sizeof(ncclNet_v12_t) == 176, "ncclNet_v12_t is 176 bytes");
 _Static_assert(sizeof(ncclProfilerNetFabricDescr_v1_t) == 24, "descriptor is 24 bytes");
-_Static_assert(sizeof(ncclTuner_v5_t) == 32, "ncclTuner_v5_t is 32 bytes");
 #endif
 
 #endif

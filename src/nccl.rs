@@ -461,41 +461,6 @@ pub struct NetV12 {
     pub set_net_attr: Option<SetNetAttrFn>,
 }
 
-/// `ncclTuner_v5_t` (32 bytes): NCCL 2.28 and later look it up in the net plugin's library
-/// when `NCCL_TUNER_PLUGIN` is unset. `init(context, commId, nRanks, nNodes, logger,
-/// nvlDomainInfo, constants)`, `getCollInfo(context, collType, nBytes, numPipeOps,
-/// collCostTable, numAlgo, numProto, regBuff, nChannels)`, `finalize(context)`. The plugin
-/// reads neither NVLink domains nor constants (whose layout changes between NCCL versions),
-/// so both stay opaque.
-#[repr(C)]
-pub struct TunerV5 {
-    pub name: *const c_char,
-    pub init: unsafe extern "C" fn(
-        *mut *mut c_void,
-        u64,
-        usize,
-        usize,
-        Logger,
-        *mut c_void,
-        *mut c_void,
-    ) -> R,
-    pub get_coll_info: unsafe extern "C" fn(
-        *mut c_void,
-        c_int,
-        usize,
-        c_int,
-        *mut *mut f32,
-        c_int,
-        c_int,
-        c_int,
-        *mut c_int,
-    ) -> R,
-    pub finalize: unsafe extern "C" fn(*mut c_void) -> R,
-}
-
-// SAFETY: as the net tables below: immutable, function pointers and a 'static C string.
-unsafe impl Sync for TunerV5 {}
-
 // SAFETY: the tables are immutable and only hold function pointers and a pointer to a
 // 'static C string; sharing them between threads is what NCCL does.
 unsafe impl Sync for NetV6 {}

@@ -125,20 +125,6 @@ pub fn flows_for(speed_mbps: u64) -> usize {
         .clamp(1, MAX_AUTO_FLOWS as u64) as usize
 }
 
-/// Bytes per channel below which NCCL itself runs a ring or tree collective on fewer
-/// channels (its Simple protocol: 512 threads × a threshold of 64 bytes each).
-pub const NCCL_BYTES_PER_CHANNEL: u64 = 512 * 64;
-
-/// The channels the plugin's tuner gives a collective of `bytes` (see
-/// `NCCL_FABRIC_TUNER_BELOW_BYTES`): at most `channels` below `below` bytes, `None` (NCCL's
-/// own choice) otherwise, and where NCCL would itself run fewer than `channels` (a tuner's
-/// count replaces NCCL's, so it must not raise it).
-pub fn tuner_channels(bytes: u64, below: u64, channels: usize) -> Option<usize> {
-    let channels = channels.max(1);
-    let nccl_fewer = bytes < channels as u64 * NCCL_BYTES_PER_CHANNEL;
-    (bytes < below && !nccl_fewer).then_some(channels)
-}
-
 /// Lanes per role for a device of `flows` flows over `rails` NICs, where `lanes` were set,
 /// or (`auto`) sized for the CPUs: a lane per flow too, up to [`MAX_FLOW_LANES`] on one NIC
 /// (the flows beyond pair a sending lane with a receiving one), every flow on several (flow
@@ -154,8 +140,8 @@ pub fn lanes_for_flows(lanes: usize, auto: bool, flows: usize, rails: usize) -> 
 #[cfg(test)]
 mod tests {
     use super::{
-        flows_for, lanes_for_flows, sizing_for, tuner_channels, Sizing, MAX_AUTO_THREADS,
-        MAX_FLOW_LANES, NCCL_BUSY_THREADS,
+        flows_for, lanes_for_flows, sizing_for, Sizing, MAX_AUTO_THREADS, MAX_FLOW_LANES,
+        NCCL_BUSY_THREADS,
     };
 
     #[test]
@@ -214,22 +200,6 @@ mod tests {
                 }
             }
         }
-    }
-
-    #[test]
-    fn the_tuner_lowers_channels_only_below_its_bound_and_never_raises_them() {
-        let mib = 1 << 20;
-        assert_eq!(tuner_channels(mib, 0, 2), None, "off");
-        assert_eq!(tuner_channels(mib, 4 * mib, 2), Some(2));
-        assert_eq!(tuner_channels(4 * mib, 4 * mib, 2), None, "not below");
-        assert_eq!(tuner_channels(64 << 10, 4 * mib, 2), Some(2));
-        assert_eq!(
-            tuner_channels((64 << 10) - 1, 4 * mib, 2),
-            None,
-            "NCCL runs 1"
-        );
-        assert_eq!(tuner_channels(100 << 10, 4 * mib, 4), None, "NCCL runs 3");
-        assert_eq!(tuner_channels(mib, 4 * mib, 0), Some(1));
     }
 
     #[test]

@@ -140,13 +140,3 @@ fn every_version_layout() {
     assert_eq!(offset_of!(ProfilerDescrV1, tag), 8);
     assert_eq!(offset_of!(ProfilerDescrV1, length), 16);
 }
-
-#[test]
-fn tuner_v5_layout() {
-    use nccl_net_fabric::nccl::TunerV5;
-    assert_eq!(size_of::<TunerV5>(), 32);
-    assert_eq!(offset_of!(TunerV5, name), 0);
-    assert_eq!(offset_of!(TunerV5, init), 8);
-    assert_eq!(offset_of!(TunerV5, get_coll_info), 16);
-    assert_eq!(offset_of!(TunerV5, finalize), 24);
-}

@@ -40,7 +40,6 @@ fn only_the_table_is_exported() {
         ["10", "11", "12", "6", "7", "8", "9"]
             .map(|v| format!("ncclNetPlugin_v{v}"))
             .into_iter()
-            .chain(["ncclTunerPlugin_v5".to_string()])
             .collect::<Vec<_>>(),
         "exported: {symbols:?}"
     );
@@ -448,99 +447,4 @@ fn v11_table_works_and_survives_a_failed_init() {
 
 fn report_child(name: &str, env: &[(&str, &str)]) -> Finished {
     run_child_ok(name, &env_with(env), T)
-}
-
-/// The tuner NCCL 2.28+ finds in the plugin's library, called through its exported table as
-/// NCCL calls it: init, a channel count per collective size, finalize. Off by default (NCCL's
-/// own choices); with `NCCL_FABRIC_TUNER_BELOW_BYTES` set, shorter collectives get at most
-/// `NCCL_FABRIC_TUNER_CHANNELS`, but never more than NCCL would run itself. A NULL context
-/// or count is refused with an error code, not a crash.
-#[test]
-fn the_tuner_lowers_channels_below_its_bound_through_its_table() {
-    for (below, expected) in [(None, "-1,-1,-1,-1"), (Some("4194304"), "-1,2,2,-1")] {
-        let env = match below {
-            Some(b) => env_with(&[("NCCL_FABRIC_TUNER_BELOW_BYTES", b), ("NCCL_DEBUG", "INFO")]),
-            None => env_with(&[("NCCL_DEBUG", "INFO")]),
-        };
-        let f = run_child_ok("child_tuner", &env, T);
-        assert_eq!(
-            f.result("channels").as_deref(),
-            Some(expected),
-            "below {below:?}: {}",
-            f.stderr
-        );
-        assert_eq!(
-            f.result("null_context"),
-            Some((NcclResult::InvalidArgument as i32).to_string())
-        );
-        assert_eq!(
-            f.result("null_count"),
-            Some((NcclResult::InvalidArgument as i32).to_string())
-        );
-    }
-}
-
-/// Child: the tuner's table, called as NCCL calls it; prints the channel counts it set for
-/// 16 KiB, 64 KiB, 1 MiB and 8 MiB (-1: left to NCCL).
-#[test]
-#[ignore = "child process of another test"]
-fn child_tuner() {
-    use nccl_net_fabric::nccl::TunerV5;
-    let path = plugin_path();
-    // SAFETY: dlopen/dlsym of the plugin and calls through its tuner table with the
-    // arguments NCCL passes (a cost table of 7 x 3 floats, out-pointers that live on).
-    unsafe {
-        let h = libc::dlopen(path.as_ptr(), libc::RTLD_NOW | libc::RTLD_LOCAL);
-        assert!(!h.is_null());
-        let tuner = &*libc::dlsym(h, c"ncclTunerPlugin_v5".as_ptr()).cast::<TunerV5>();
-        assert_eq!(std::ffi::CStr::from_ptr(tuner.name).to_str(), Ok("Fabric"));
-        let mut ctx: *mut std::ffi::c_void = std::ptr::null_mut();
-        let rc = (tuner.init)(
-            &mut ctx,
-            7,
-            2,
-            2,
-            None,
-            std::ptr::null_mut(),
-            std::ptr::null_mut(),
-        );
-        assert_eq!(rc, 0);
-        let mut costs = [[0f32; 3]; 7];
-        let mut rows: Vec<*mut f32> = costs.iter_mut().map(|r| r.as_mut_ptr()).collect();
-        let mut seen = Vec::new();
-        for bytes in [16usize << 10, 64 << 10, 1 << 20, 8 << 20] {
-            let mut n: i32 = -1;
-            let rc = (tuner.get_coll_info)(ctx, 4, bytes, 1, rows.as_mut_ptr(), 7, 3, 0, &mut n);
-            assert_eq!(rc, 0);
-            seen.push(n.to_string());
-        }
-        println!("RESULT channels={}", seen.join(","));
-        let mut n = -1;
-        let null_ctx = (tuner.get_coll_info)(
-            std::ptr::null_mut(),
-            4,
-            1 << 20,
-            1,
-            rows.as_mut_ptr(),
-            7,
-            3,
-            0,
-            &mut n,
-        );
-        println!("RESULT null_context={null_ctx}");
-        let null_count = (tuner.get_coll_info)(
-            ctx,
-            4,
-            1 << 20,
-            1,
-            rows.as_mut_ptr(),
-            7,
-            3,
-            0,
-            std::ptr::null_mut(),
-        );
-        println!("RESULT null_count={null_count}");
-        assert_eq!((tuner.finalize)(ctx), 0);
-        assert_eq!(libc::dlclose(h), 0);
-    }
 }

@@ -13,7 +13,7 @@
 //! and `getProperties` in `init`; `listen`, `connect`, `accept` and closing in `connect`;
 //! registrations and the descriptors they give operations in `registration`; `isend`,
 //! `irecv`, `iflush` and `test` in `transfer`; profiler events in `profiler`; each
-//! version's properties layout in `props`. The tuner NCCL also finds here is in `tuner`.
+//! version's properties layout in `props`.
 
 mod boundary;
 mod connect;
@@ -22,7 +22,6 @@ mod profiler;
 mod props;
 mod registration;
 mod transfer;
-pub mod tuner;
 pub mod v10;
 pub mod v11;
 pub mod v12;

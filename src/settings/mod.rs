@@ -19,8 +19,7 @@ pub use table::{
     markdown_table, unknown_in_env, unknown_names, Kind, Setting, ALLOW_TCP_RDM, CLOSE_TIMEOUT_MS,
     CONNECT_TIMEOUT_MS, CONTROL_PROVIDER, DOMAINS, ENDPOINTS, EXCLUDE_DOMAINS, FLOWS, HMEM, LANES,
     LINGER_MS, LOG, MAX_RECVS, MERGE, PEER_TIMEOUT_MS, PIECE_BYTES, PROGRESS_SPIN_US,
-    PROGRESS_THREAD, PROVIDER, SPEED_MBPS, STALL_WARN_MS, TABLE, THREADS, TIMES, TUNER_BELOW_BYTES,
-    TUNER_CHANNELS,
+    PROGRESS_THREAD, PROVIDER, SPEED_MBPS, STALL_WARN_MS, TABLE, THREADS, TIMES,
 };
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -75,10 +74,6 @@ pub struct Settings {
     pub times: bool,
     pub stall_warn_ms: u64,
     pub speed_mbps: u64,
-    /// Collectives shorter than this run on at most `tuner_channels` channels (0: the tuner
-    /// leaves every choice to NCCL; `NCCL_FABRIC_TUNER_BELOW_BYTES`).
-    pub tuner_below_bytes: u64,
-    pub tuner_channels: usize,
     pub allow_native_tcp: bool,
     /// libfabric's `FI_OFI_RXM_USE_RNDV_WRITE` as libfabric reads it: rxm sends long
     /// messages by writing into the receiver's buffer (see `quirks::rxm_write_refusal`).

@@ -102,8 +102,6 @@ impl Settings {
             times: value(&lookup, TIMES)? == "yes",
             stall_warn_ms: number(STALL_WARN_MS)?,
             speed_mbps: number(SPEED_MBPS)?,
-            tuner_below_bytes: number(TUNER_BELOW_BYTES)?,
-            tuner_channels: number(TUNER_CHANNELS)? as usize,
             allow_native_tcp: value(&lookup, ALLOW_TCP_RDM)? == "yes",
             rxm_rndv_write: lookup(RXM_RNDV_WRITE).is_some_and(|v| libfabric_true(&v)),
             merge: value(&lookup, MERGE)? == "yes",

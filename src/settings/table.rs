@@ -44,8 +44,6 @@ pub const MAX_RECVS: &str = "NCCL_FABRIC_MAX_RECVS";
 pub const PIECE_BYTES: &str = "NCCL_FABRIC_PIECE_BYTES";
 pub const TIMES: &str = "NCCL_FABRIC_TIMES";
 pub const CONTROL_PROVIDER: &str = "NCCL_FABRIC_CONTROL_PROVIDER";
-pub const TUNER_BELOW_BYTES: &str = "NCCL_FABRIC_TUNER_BELOW_BYTES";
-pub const TUNER_CHANNELS: &str = "NCCL_FABRIC_TUNER_CHANNELS";
 
 pub const TABLE: &[Setting] = &[
     Setting {
@@ -111,8 +109,9 @@ pub const TABLE: &[Setting] = &[
                   start on them in turn (a set of flows apart where they hold several sets, so \
                   that each comm's flows are connections of its own), and a comm's flows are \
                   the lanes from its first on. \
-                  0 = the device's flows, up to 16 on one NIC (the flows beyond pair lanes), or \
-                  where messages go whole, by the CPUs of this rank and the devices in use: (CPUs - 2) / (3 x devices), from 1 to 4",
+                  0 = the device's flows, up to 16 on one NIC (the flows beyond pair lanes) and \
+                  all of them over several NICs (32 a side with the default flows, each an endpoint of about \
+                  14 MiB), or where messages go whole, by the CPUs of this rank and the devices in use: (CPUs - 2) / (3 x devices), from 1 to 4",
     },
     Setting {
         name: THREADS,
@@ -215,24 +214,6 @@ pub const TABLE: &[Setting] = &[
                   from the provider's link attributes, else the kernel's \
                   (`/sys/class/net/<if>/speed`), else 100000 (virtio and other NICs that report \
                   none) or 400000 for shm and sm2",
-    },
-    Setting {
-        name: TUNER_BELOW_BYTES,
-        kind: Kind::Number { min: 0, max: 1 << 40 },
-        default: "0",
-        meaning: "the plugin's library also holds an NCCL tuner (ncclTunerPlugin_v5, loaded \
-                  by NCCL 2.28 and later when NCCL_TUNER_PLUGIN is unset): collectives \
-                  shorter than this many bytes run on at most NCCL_FABRIC_TUNER_CHANNELS \
-                  channels, where NCCL would run more (for channels connected beyond what \
-                  shorter collectives need, e.g. with NCCL_MIN_NCHANNELS or a higher \
-                  NCCL_FABRIC_SPEED_MBPS). 0 = the tuner leaves every choice to NCCL",
-    },
-    Setting {
-        name: TUNER_CHANNELS,
-        kind: Kind::Number { min: 1, max: 64 },
-        default: "2",
-        meaning: "the channels collectives shorter than NCCL_FABRIC_TUNER_BELOW_BYTES run on \
-                  at most",
     },
     Setting {
         name: MERGE,
