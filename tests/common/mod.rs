@@ -195,8 +195,25 @@ impl ChildTest {
         self.child.id()
     }
 
+    /// Writes a line to the child; where it no longer reads (it exited), panics with what it
+    /// printed.
     pub fn send_line(&mut self, line: &str) {
-        assert!(self.try_send_line(line), "write to child {}", self.name);
+        if self.try_send_line(line) {
+            return;
+        }
+        let status = self.child.wait().map(|s| s.to_string()).unwrap_or_default();
+        let err = self
+            .stderr
+            .take()
+            .map(|h| h.join().unwrap_or_default())
+            .unwrap_or_default();
+        let out: Vec<String> = self.lines.try_iter().collect();
+        panic!(
+            "write to child {} failed: it exited ({status}); stdout:\n{}\n{}\nstderr:\n{err}",
+            self.name,
+            self.seen.join("\n"),
+            out.join("\n")
+        );
     }
 
     /// As [`ChildTest::send_line`]; false if the child no longer reads (it exited).
