@@ -103,14 +103,18 @@ pub fn threads_fit(cpus: usize, threads: usize) -> bool {
     cpus.saturating_sub(NCCL_BUSY_THREADS) >= threads
 }
 
-/// The most flows `auto` gives a device. Where a network caps each connection, a comm moves
-/// as many connections' worth as it keeps busy, and NCCL's Socket transport keeps 16 per
-/// comm busy in its cloud shape (2 threads x 8 sockets): to move more, a comm needs more.
-/// Over 32 connections capped at 100 Mbit/s, NCCL's steps two at a time moved 1.46x
-/// (`tcp;ofi_rxm`) and 2.05x (`tcp`) what 16 moved (BENCHMARKS.md). Flows cost nothing
-/// while messages go whole on the first one: their connections are made when a comm first
-/// cuts a message over them.
-pub const MAX_AUTO_FLOWS: usize = 32;
+/// The most flows `auto` gives a device: 16 for pieces and the first, which carries whole
+/// messages and headers (see `comm::piece_flows`), as NCCL's Socket transport keeps 16 data
+/// sockets per comm busy in its cloud shape (2 threads x 8 sockets) beside its control
+/// socket. Where a network caps each connection, a comm moves as many connections' worth as
+/// it keeps busy, but NCCL opens several comms per peer (a channel each): with 8 channels on
+/// the GPU machine and every connection capped at 250 Mbit/s, 32 flows per comm moved
+/// 0.68-0.75x on average what 16 moved in all_reduce (two calls), 8 flows 0.72x
+/// (BENCHMARKS.md), while one comm alone
+/// over 32 connections capped at 100 Mbit/s moved 1.46x (`tcp;ofi_rxm`) and 2.05x (`tcp`)
+/// what 16 moved. Flows cost nothing while messages go whole on the first one: their
+/// connections are made when a comm first cuts a message over them.
+pub const MAX_AUTO_FLOWS: usize = 17;
 
 /// The most lanes `auto` opens for a device's flows on one NIC; flows beyond them pair a
 /// sending lane with a receiving one (connections of their own on the same endpoints), so
@@ -205,7 +209,7 @@ mod tests {
     #[test]
     fn flows_beyond_sixteen_pair_lanes_on_one_nic() {
         assert_eq!(lanes_for_flows(4, true, 32, 1), MAX_FLOW_LANES);
-        assert_eq!(lanes_for_flows(4, true, 20, 1), 16, "a veth's 20 flows");
+        assert_eq!(lanes_for_flows(4, true, 17, 1), 16, "a veth's 17 flows");
         assert_eq!(lanes_for_flows(4, true, 8, 1), 8);
         assert_eq!(
             lanes_for_flows(4, true, 1, 1),
@@ -224,8 +228,8 @@ mod tests {
     fn flows_carry_the_device_at_a_low_rate_each() {
         assert_eq!(flows_for(0), 1);
         assert_eq!(flows_for(1000), 2, "a 1 Gbps NIC");
-        assert_eq!(flows_for(10_000), 20, "a 10 Gbps NIC (and a veth)");
-        assert_eq!(flows_for(16_000), 32);
-        assert_eq!(flows_for(100_000), 32, "at most 32");
+        assert_eq!(flows_for(5_000), 10);
+        assert_eq!(flows_for(10_000), 17, "a 10 Gbps NIC (and a veth)");
+        assert_eq!(flows_for(100_000), 17, "at most 17");
     }
 }

@@ -3,7 +3,8 @@
 //! host 0 sending and host 1 receiving, through the exported C table as NCCL drives it.
 //!
 //! - what one comm moves grows with its flows (`NCCL_FABRIC_FLOWS`), every flow carrying its
-//!   share, and by default it takes as many as the NIC's speed asks for;
+//!   share (a comm of three or more keeps its first for headers), and by default it takes as
+//!   many as the NIC's speed asks for;
 //! - a comm cuts finer where its flows prove slow, and one that NCCL's calls drive sends
 //!   whole messages on its first flow until they do;
 //! - messages in pieces arrive whole and verified when the pieces finish out of order (each
@@ -21,7 +22,9 @@ use common::hosts::{
 };
 use common::scenario::*;
 use common::*;
+use nccl_net_fabric::comm::piece_flows;
 use nccl_net_fabric::nccl::NcclResult;
+use nccl_net_fabric::pace::FINE_PIECE;
 use nccl_net_host::{handle_from_hex, handle_to_hex, PluginLib, Ptr, RecvBuffer};
 use std::time::{Duration, Instant};
 
@@ -137,8 +140,8 @@ fn veth_flows() -> usize {
 const AHEAD: usize = 2;
 
 /// The messages of a priming stream (see [`Prime`]): whole, the first [`TO_FINE`] of them
-/// prove the first flow slow; cut into 32 KiB pieces, the rest take every flow, up to 32,
-/// each carrying more than [`data_connections`] asks of a flow.
+/// prove the first flow slow; cut into fine pieces, the rest take every flow that pieces
+/// take, up to 31, each carrying more than [`data_connections`] asks of a flow.
 ///
 /// [`TO_FINE`]: nccl_net_fabric::pace::TO_FINE
 const PRIME_SIZE: usize = 2 << 20;
@@ -462,6 +465,23 @@ fn carry_shares(sent: &[u64], least: u64, what: &str) {
     );
 }
 
+/// That a comm's flows (bytes each sent since the stream began, in any order) carried at
+/// least `least` bytes the way the comm spreads its pieces (`comm::piece_flows`): a comm of
+/// three flows or more keeps its first for whole messages and headers, so that one carried
+/// less than a piece, and every other one its share.
+fn carry_piece_shares(sent: &[u64], least: u64, what: &str) {
+    let (from, _) = piece_flows(sent.len());
+    let mut sorted = sent.to_vec();
+    sorted.sort_unstable();
+    if from == 1 {
+        assert!(
+            sorted[0] < FINE_PIECE as u64,
+            "{what}: the first flow carries headers only: {sent:?}"
+        );
+    }
+    carry_shares(&sorted[from..], least, what);
+}
+
 /// What host 0 sent on each of `flows` since they were listed.
 fn sent_since(hosts: &Hosts, flows: &[Connection]) -> Vec<u64> {
     let now = hosts.connections(0);
@@ -526,7 +546,7 @@ fn a_comm_moves_more_with_more_flows_on_capped_links() {
                 "over {p}, flows {flows}: connections of the warm-up and priming"
             );
             // Every flow carried its share of the stream.
-            carry_shares(
+            carry_piece_shares(
                 &sent,
                 (count * BIG) as u64,
                 &format!("over {p}, flows {flows}"),
@@ -587,7 +607,7 @@ fn flows_beyond_the_lanes_are_connections_of_their_own() {
                 flows,
                 "over {p}, {flows} flows on {lanes} lanes: connections of the warm-up and priming"
             );
-            carry_shares(
+            carry_piece_shares(
                 &sent,
                 (count * BIG) as u64,
                 &format!("over {p}, {flows} flows on {lanes} lanes"),
@@ -604,9 +624,10 @@ fn flows_beyond_the_lanes_are_connections_of_their_own() {
     }
 }
 
-/// Messages of NCCL's step size (512 KiB, in two pieces) on a comm of 20 flows: each
-/// message's pieces take the flows after the previous one's, so the stream spreads over every
-/// flow rather than the first two.
+/// Messages of NCCL's step size (512 KiB, in two pieces) on a comm of the default flows (17
+/// on a veth): each message's pieces take the flows after the previous one's, so the stream
+/// spreads over every flow that pieces take (all but the first, which carries the headers)
+/// rather than the first two.
 #[test]
 fn short_messages_in_pieces_take_the_flows_in_turn() {
     if !hosts_or_skip() {
@@ -635,16 +656,16 @@ fn short_messages_in_pieces_take_the_flows_in_turn() {
             veth_flows(),
             "over {p}: connections that carried the warm-up"
         );
-        // Each flow carries 9 or 10 pieces of 256 KiB; the first the headers too.
-        carry_shares(&sent, (COUNT * STEP) as u64, &format!("over {p}"));
+        // The first flow carries the headers, each other one 12 pieces of 256 KiB.
+        carry_piece_shares(&sent, (COUNT * STEP) as u64, &format!("over {p}"));
     }
 }
 
-/// NCCL's steps (512 KiB) two at a time on a comm of 20 flows that progress threads drive
-/// (NCCL's calls over native tcp: see [`capped_drivers`]).
+/// NCCL's steps (512 KiB) two at a time on a comm of the default flows (17 on a veth) that
+/// progress threads drive (NCCL's calls over native tcp: see [`capped_drivers`]).
 /// Where every connection is capped (primed: see [`Prime`]), the send comm cuts each step
-/// into 16 pieces of 32 KiB, one per flow, so that every connection has the next step's
-/// piece queued when one ends. A size set (`NCCL_FABRIC_PIECE_BYTES`) is kept: 256 KiB pieces from
+/// into fine pieces over the 16 flows pieces take, so that every connection has the next
+/// step's piece queued when one ends. A size set (`NCCL_FABRIC_PIECE_BYTES`) is kept: 256 KiB pieces from
 /// the first message, never finer. The rates are printed: uncapped, capped, and capped held
 /// to 256 KiB pieces.
 #[test]
@@ -688,7 +709,7 @@ fn a_comm_whose_flows_are_capped_cuts_finer() {
             veth_flows(),
             "over {p}: every flow's connection, capped"
         );
-        carry_shares(&sent, (STEPS * STEP) as u64, &format!("over {p}, capped"));
+        carry_piece_shares(&sent, (STEPS * STEP) as u64, &format!("over {p}, capped"));
         let held = [threads[0], ("NCCL_FABRIC_PIECE_BYTES", "262144")];
         let ([a2, b2], _) = run_pair(&Hosts::new(2), p, &held, Prime::No, &stream, cap, |_, _| ());
         assert!(!a2.stderr.contains(FINER), "over {p}: a set size is kept");
@@ -725,7 +746,7 @@ const STEPS: usize = 64;
 /// What a send comm says when it starts cutting finely.
 const FINER: &str = "as where a network caps each connection";
 
-/// The same steps on a comm of 20 flows, driven by NCCL's calls (no progress threads), by
+/// The same steps on a comm of the default flows, driven by NCCL's calls (no progress threads), by
 /// progress threads, or by both ([`capped_drivers`]): it sends them whole on its first flow
 /// while that is fast. With that
 /// flow's connection capped, the whole steps prove slow and the comm cuts them finely over

@@ -7,7 +7,9 @@
 //!
 //! **Flows.** A comm has one or more flows ([`Wire`]s), each a lane of its device with its
 //! own connection to the peer: more flows move more where a network caps each TCP flow, and
-//! spread the provider's work over endpoints. Whole messages go on the first flow.
+//! spread the provider's work over endpoints. Whole messages and headers go on the first
+//! flow; pieces go on the others where a comm has three flows or more ([`piece_flows`]), so
+//! that a header never waits behind pieces where a network caps each connection.
 //!
 //! **Pieces.** A message longer than the comm's smallest piece (agreed at connect, see
 //! `handshake::agreed_piece`) is cut into up to one piece per flow ([`cut`]: at most
@@ -16,8 +18,9 @@
 //! header: an empty message on the first flow whose tag names the cut (see `tags`). The
 //! receiver posts one receive over its whole buffer, which takes a whole message or a header
 //! alike; a header makes it post a receive for each piece at its offset, on the flow the piece
-//! travels on (piece `j` on flow `first + j mod flows`, each message's `first` after the
-//! previous one's pieces, see `Comm::first_flow`), while the pieces, sent at once behind the
+//! travels on (piece `j` on the `first + j mod n`-th of the `n` flows pieces take, each
+//! message's `first` after the previous one's pieces, see `Comm::first_flow`), while the
+//! pieces, sent at once behind the
 //! header, wait for them in the provider (rxm holds a long message's rendezvous until its
 //! receive is posted). Pieces beyond the receive's buffer are taken in by empty receives (into
 //! the overflow area), so a truncation is reported with both sizes and neither side waits.
@@ -66,6 +69,21 @@ pub const MAX_FLOWS: usize = MAX_PIECES;
 /// Most pieces a message is cut into on a comm of one flow: there pieces only overlap one
 /// piece's rendezvous with the others' data.
 pub const PIECES_ON_ONE_FLOW: usize = 4;
+
+/// The flows pieces travel on, of a comm's `flows`: the first of them and how many. A comm
+/// of three flows or more keeps its first for whole messages and headers, as NCCL's Socket
+/// transport keeps a control socket beside its data sockets: where a network caps each
+/// connection, a header sent behind pieces waits until they have gone through the cap, and
+/// the receiver posts the message's pieces only once it has the header. (GPU machine, every
+/// connection capped at 250 Mbit/s, all_reduce 64-256 MiB over NCCL's 8 channels: 16 flows
+/// each carrying pieces moved 0.68x Socket 2x8 on average, 17 with the first kept for
+/// headers 0.77x, in one call; BENCHMARKS.md.)
+pub fn piece_flows(flows: usize) -> (usize, usize) {
+    match flows {
+        0..=2 => (0, flows.max(1)),
+        n => (1, n - 1),
+    }
+}
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Direction {
@@ -213,7 +231,7 @@ impl Comm {
         let max_recvs = max_recvs.clamp(1, MAX_RECVS);
         let most = match wires.len() {
             1 => PIECES_ON_ONE_FLOW,
-            n => n,
+            n => piece_flows(n).1,
         };
         // A send cuts into `most` pieces at most, and its peer's comm has as many flows as
         // this one, so a receive takes as many (a header naming more is malformed). Every
@@ -375,7 +393,7 @@ impl Comm {
         self.pace.agreed()
     }
 
-    /// Its own lane: whole messages and headers go there.
+    /// Its own lane, its first flow's: whole messages and headers go there.
     pub fn lane(&self) -> &Arc<Lane> {
         &self.wires[0].lane
     }
@@ -390,18 +408,20 @@ impl Comm {
         self.wires.len()
     }
 
-    /// The flow the first piece of the `seq`-th message (per NCCL tag) in `count` pieces
-    /// travels on: messages take the flows in turn, so that NCCL's steps of 2 to 4 pieces
+    /// Which of the flows pieces take (see [`piece_flows`]) the first piece of the `seq`-th
+    /// message (per NCCL tag) in `count` pieces travels on: messages take the flows in turn, so that NCCL's steps of 2 to 4 pieces
     /// each, several in flight, spread over all of a comm's flows rather than its first few.
     /// (`seq` as its tag carries it, which both ends know).
     fn first_flow(&self, seq: u64, count: usize) -> usize {
         let seq = self.lane().tags.seq_of(seq) as usize;
-        (seq * count) % self.wires.len()
+        (seq * count) % piece_flows(self.wires.len()).1
     }
 
-    /// The flow piece `j` of a message whose first piece travels on flow `first` takes.
+    /// The flow piece `j` of a message whose first piece is the `first`-th of the flows
+    /// pieces travel on (see [`piece_flows`]) takes.
     fn wire_of(&self, first: usize, j: usize) -> usize {
-        (first + j) % self.wires.len()
+        let (from, n) = piece_flows(self.wires.len());
+        from + (first + j) % n
     }
 
     /// Errors of its lanes' endpoints themselves.

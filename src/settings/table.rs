@@ -96,8 +96,10 @@ pub const TABLE: &[Setting] = &[
                   TCP flow (clouds do) carries that many flows' worth. Flows cost no threads; \
                   where they outnumber the lanes, each pairs a sending lane with a receiving \
                   one of its own (L lanes a side carry up to L x L flows). \
-                  0 = the device's speed over 500 Mbps per flow, from 1 to 32 (20 for 10 Gbps, \
-                  32 for 16 Gbps and up); 1 over shared memory, with an endpoint per comm, where messages go \
+                  On a comm of 3 flows or more the first carries whole messages and headers, \
+                  the others the pieces. \
+                  0 = the device's speed over 500 Mbps per flow, from 1 to 17 (17 for 8.5 Gbps \
+                  and up: 16 for pieces); 1 over shared memory, with an endpoint per comm, where messages go \
                   whole, and for a rank bound to one CPU",
     },
     Setting {
