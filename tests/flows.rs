@@ -662,12 +662,12 @@ fn short_messages_in_pieces_take_the_flows_in_turn() {
 }
 
 /// NCCL's steps (512 KiB) two at a time on a comm of the default flows (17 on a veth) that
-/// progress threads drive (NCCL's calls over native tcp: see [`capped_drivers`]).
-/// Where every connection is capped (primed: see [`Prime`]), the send comm cuts each step
-/// into fine pieces over the 16 flows pieces take, so that every connection has the next
-/// step's piece queued when one ends. A size set (`NCCL_FABRIC_PIECE_BYTES`) is kept: 256 KiB pieces from
-/// the first message, never finer. The rates are printed: uncapped, capped, and capped held
-/// to 256 KiB pieces.
+/// progress threads drive (NCCL's calls over native tcp: see [`capped_drivers`]). Where
+/// every connection is capped (primed: see [`Prime`]), the send comm cuts each step into
+/// fine pieces over the 16 flows pieces take, so that every connection has the next step's
+/// piece queued when one ends. A size set (`NCCL_FABRIC_PIECE_BYTES`) is kept: 256 KiB
+/// pieces from the first message, never finer. The rates are printed: uncapped, capped, and
+/// capped held to 256 KiB pieces.
 #[test]
 fn a_comm_whose_flows_are_capped_cuts_finer() {
     if !hosts_or_skip() {
@@ -746,11 +746,11 @@ const STEPS: usize = 64;
 /// What a send comm says when it starts cutting finely.
 const FINER: &str = "as where a network caps each connection";
 
-/// The same steps on a comm of the default flows, driven by NCCL's calls (no progress threads), by
-/// progress threads, or by both ([`capped_drivers`]): it sends them whole on its first flow
-/// while that is fast. With that
-/// flow's connection capped, the whole steps prove slow and the comm cuts them finely over
-/// all its flows, whose connections carry the rest of the stream.
+/// The same steps on a comm of the default flows, driven by NCCL's calls (no progress
+/// threads), by progress threads, or by both ([`capped_drivers`]): it sends them whole on
+/// its first flow while that is fast. With that flow's connection capped, the whole steps
+/// prove slow and the comm cuts them finely over the flows pieces take, whose connections
+/// carry the rest of the stream.
 #[test]
 fn a_comm_sends_whole_until_its_first_flow_proves_slow() {
     if !hosts_or_skip() {

@@ -12,18 +12,18 @@
 //! that a header never waits behind pieces where a network caps each connection.
 //!
 //! **Pieces.** A message longer than the comm's smallest piece (agreed at connect, see
-//! `handshake::agreed_piece`) is cut into up to one piece per flow ([`cut`]: at most
-//! [`PIECES_ON_ONE_FLOW`] on a comm of one flow), all of one power-of-two size but the last,
-//! which takes the rest. The sender alone knows how long its message is, so it first sends a
-//! header: an empty message on the first flow whose tag names the cut (see `tags`). The
-//! receiver posts one receive over its whole buffer, which takes a whole message or a header
-//! alike; a header makes it post a receive for each piece at its offset, on the flow the piece
-//! travels on (piece `j` on the `first + j mod n`-th of the `n` flows pieces take, each
-//! message's `first` after the previous one's pieces, see `Comm::first_flow`), while the
-//! pieces, sent at once behind the
-//! header, wait for them in the provider (rxm holds a long message's rendezvous until its
-//! receive is posted). Pieces beyond the receive's buffer are taken in by empty receives (into
-//! the overflow area), so a truncation is reported with both sizes and neither side waits.
+//! `handshake::agreed_piece`) is cut into up to one piece per flow that pieces take
+//! ([`cut`]: at most [`PIECES_ON_ONE_FLOW`] on a comm of one flow), all of one power-of-two
+//! size but the last, which takes the rest. The sender alone knows how long its message is,
+//! so it first sends a header: an empty message on the first flow whose tag names the cut
+//! (see `tags`). The receiver posts one receive over its whole buffer, which takes a whole
+//! message or a header alike; a header makes it post a receive for each piece at its
+//! offset, on the flow the piece travels on (piece `j` on the `first + j mod n`-th of the
+//! `n` flows pieces take, each message's `first` after the previous one's pieces, see
+//! `Comm::first_flow`), while the pieces, sent at once behind the header, wait for them in
+//! the provider (rxm holds a long message's rendezvous until its receive is posted). Pieces
+//! beyond the receive's buffer are taken in by empty receives (into the overflow area), so
+//! a truncation is reported with both sizes and neither side waits.
 //!
 //! While the provider holds a request's operation, the driver holds the comm (an `Arc`), so
 //! a comm closed with operations in flight lives on until they are cancelled or complete,
@@ -77,7 +77,8 @@ pub const PIECES_ON_ONE_FLOW: usize = 4;
 /// the receiver posts the message's pieces only once it has the header. (GPU machine, every
 /// connection capped at 250 Mbit/s, all_reduce 64-256 MiB over NCCL's 8 channels: 16 flows
 /// each carrying pieces moved 0.68x Socket 2x8 on average, 17 with the first kept for
-/// headers 0.77x, in one call; BENCHMARKS.md.)
+/// headers 0.77x, in one call; with 32 KiB fine pieces 0.79x, 2.1x the 32 flows before, in
+/// another; BENCHMARKS.md.)
 pub fn piece_flows(flows: usize) -> (usize, usize) {
     match flows {
         0..=2 => (0, flows.max(1)),
@@ -332,7 +333,10 @@ impl Comm {
         let (p, n) = (self.piece(), self.wires.len());
         let over = match n {
             1 => String::new(),
-            n => format!(" over {n} flows"),
+            n => match piece_flows(n) {
+                (0, _) => format!(" over {n} flows"),
+                (_, k) => format!(" over {k} of its {n} flows (the first for headers)"),
+            },
         };
         let finer = format!(
             "of {} bytes while its flows move under {} Mbit/s each",
@@ -409,8 +413,9 @@ impl Comm {
     }
 
     /// Which of the flows pieces take (see [`piece_flows`]) the first piece of the `seq`-th
-    /// message (per NCCL tag) in `count` pieces travels on: messages take the flows in turn, so that NCCL's steps of 2 to 4 pieces
-    /// each, several in flight, spread over all of a comm's flows rather than its first few.
+    /// message (per NCCL tag) in `count` pieces travels on: messages take the flows in turn,
+    /// so that NCCL's steps of 2 to 4 pieces each, several in flight, spread over all of a
+    /// comm's flows rather than its first few.
     /// (`seq` as its tag carries it, which both ends know).
     fn first_flow(&self, seq: u64, count: usize) -> usize {
         let seq = self.lane().tags.seq_of(seq) as usize;
