@@ -7,9 +7,12 @@ Expects an HTB root qdisc `1:` on DEV (default class 1:1 uncapped). Every 100 ms
 SECONDS, it reads /proc/net/tcp and /proc/net/tcp6 and gives each established connection it
 has not seen a class of its own at RATE (tc's units: 2gbit), chosen by a u32 filter on both
 ports: each end of a connection between two processes of this machine is one direction.
-Prints how many connections it capped.
+Prints, as it goes, how many connection ends it capped (each end of a connection
+between two processes of this machine is a line of /proc/net/tcp, one direction).
 """
 
+import atexit
+import signal
 import subprocess
 import sys
 import time
@@ -38,7 +41,10 @@ def main():
     dev, rate, seconds = sys.argv[1], sys.argv[2], float(sys.argv[3])
     seen = set()
     until = time.monotonic() + seconds
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
+    atexit.register(lambda: print(f"capped {len(seen)} connections at {rate}", flush=True))
     while time.monotonic() < until:
+        before = len(seen)
         for sport, dport, v6 in established():
             if (sport, dport) in seen or len(seen) >= 0xFF00:
                 continue
@@ -50,8 +56,10 @@ def main():
             tc("filter", "add", "dev", dev, "parent", "1:", "protocol", proto, "prio", prio,
                "u32", "match", field, "sport", str(sport), "0xffff", "match", field, "dport",
                str(dport), "0xffff", "flowid", cls)
+        if len(seen) > before:
+            print(f"{time.strftime('%H:%M:%S')} +{len(seen) - before} connection ends "
+                  f"({len(seen)} in all)", flush=True)
         time.sleep(0.1)
-    print(f"capped {len(seen)} connections at {rate}")
 
 
 if __name__ == "__main__":
