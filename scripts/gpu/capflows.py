@@ -6,9 +6,13 @@
 Expects an HTB root qdisc `1:` on DEV (default class 1:1 uncapped). Every 100 ms, for
 SECONDS, it reads /proc/net/tcp and /proc/net/tcp6 and gives each established connection it
 has not seen a class of its own at RATE (tc's units: 2gbit), chosen by a u32 filter on both
-ports: each end of a connection between two processes of this machine is one direction.
-Prints, as it goes, how many connection ends it capped (each end of a connection
-between two processes of this machine is a line of /proc/net/tcp, one direction).
+ports: each end of a connection between two processes of this machine is a line there, one
+direction. IPv4 filters sit in a u32 hash table of 256 buckets keyed on the low byte of the
+source port, and a connection's filter and class go once it is no longer established: every
+packet is then matched against a handful of filters, not against every connection seen so
+far (a linear list of a thousand filters, matched under the qdisc's lock, is a ceiling of its
+own that grows from run to run). IPv6 filters stay in a list. Prints, as it goes, how many
+connection ends it capped and let go.
 """
 
 import atexit
@@ -16,6 +20,9 @@ import signal
 import subprocess
 import sys
 import time
+
+# The u32 hash table of the IPv4 filters (handle 2:) and its buckets.
+TABLE, BUCKETS = 2, 256
 
 
 def established():
@@ -33,33 +40,79 @@ def established():
     return out
 
 
-def tc(*args):
-    subprocess.run(["tc", *args], check=False, capture_output=True)
+class Tc:
+    """One `tc -batch` process, fed a command a line (no process per command)."""
+
+    def __init__(self):
+        self.proc = subprocess.Popen(["tc", "-force", "-batch", "-"], stdin=subprocess.PIPE,
+                                     stdout=subprocess.DEVNULL, text=True)
+
+    def __call__(self, *args):
+        self.proc.stdin.write(" ".join(args) + "\n")
+
+    def flush(self):
+        self.proc.stdin.flush()
+
+    def close(self):
+        self.proc.stdin.close()
+        self.proc.wait()
 
 
 def main():
     dev, rate, seconds = sys.argv[1], sys.argv[2], float(sys.argv[3])
-    seen = set()
+    tc = Tc()
+    filt = ["filter", "add", "dev", dev, "parent", "1:"]
+    # The hash table, and the filter that sends every IPv4 TCP packet to its bucket: the
+    # source port's low byte (the 32-bit word 20 bytes into a header without options holds
+    # both ports).
+    tc(*filt, "prio", "1", "handle", f"{TABLE}:", "protocol", "ip", "u32", "divisor", str(BUCKETS))
+    tc(*filt, "prio", "1", "protocol", "ip", "u32", "ht", "800::", "match", "ip", "protocol", "6", "0xff",
+       "hashkey", "mask", "0x00ff0000", "at", "20", "link", f"{TABLE}:")
+    tc.flush()
+    live = {}  # (sport, dport, v6) -> (class id, filter handle or None)
+    free = []  # class ids let go, for reuse
+    nodes = [0] * BUCKETS  # the last node id used in each bucket
+    counts = {"capped": 0}
     until = time.monotonic() + seconds
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
-    atexit.register(lambda: print(f"capped {len(seen)} connections at {rate}", flush=True))
+    atexit.register(lambda: print(f"capped {counts['capped']} connection ends at {rate}", flush=True))
     while time.monotonic() < until:
-        before = len(seen)
-        for sport, dport, v6 in established():
-            if (sport, dport) in seen or len(seen) >= 0xFF00:
+        now = set(established())
+        added, gone = 0, [k for k in live if k not in now]
+        for key in gone:
+            cls, handle = live.pop(key)
+            if handle:
+                tc("filter", "del", "dev", dev, "parent", "1:", "prio", "1", "handle", handle,
+                   "protocol", "ip", "u32")
+                tc("class", "del", "dev", dev, "classid", f"1:{cls:x}")
+                free.append(cls)
+        for key in now:
+            sport, dport, v6 = key
+            if key in live or (not free and 0x10 + counts["capped"] >= 0xFF00):
                 continue
-            seen.add((sport, dport))
-            cls = f"1:{0x10 + len(seen):x}"
-            tc("class", "add", "dev", dev, "parent", "1:", "classid", cls, "htb", "rate", rate,
+            counts["capped"] += 1
+            added += 1
+            cls = free.pop() if free else 0x10 + counts["capped"]
+            tc("class", "add", "dev", dev, "parent", "1:", "classid", f"1:{cls:x}", "htb", "rate", rate,
                "ceil", rate, "quantum", "65536")
-            proto, field, prio = ("ipv6", "ip6", "2") if v6 else ("ip", "ip", "1")
-            tc("filter", "add", "dev", dev, "parent", "1:", "protocol", proto, "prio", prio,
-               "u32", "match", field, "sport", str(sport), "0xffff", "match", field, "dport",
-               str(dport), "0xffff", "flowid", cls)
-        if len(seen) > before:
-            print(f"{time.strftime('%H:%M:%S')} +{len(seen) - before} connection ends "
-                  f"({len(seen)} in all)", flush=True)
+            match = ["match", "ip6" if v6 else "ip", "sport", str(sport), "0xffff",
+                     "match", "ip6" if v6 else "ip", "dport", str(dport), "0xffff", "flowid", f"1:{cls:x}"]
+            handle = None
+            if v6:
+                tc(*filt, "protocol", "ipv6", "prio", "2", "u32", *match)
+            else:
+                bucket = sport & (BUCKETS - 1)
+                nodes[bucket] = nodes[bucket] % 0xFFF + 1
+                handle = f"{TABLE}:{bucket:x}:{nodes[bucket]:x}"
+                tc(*filt, "prio", "1", "handle", handle, "protocol", "ip", "u32", "ht",
+                   f"{TABLE}:{bucket:x}:", *match)
+            live[key] = (cls, handle)
+        tc.flush()
+        if added or gone:
+            print(f"{time.strftime('%H:%M:%S')} +{added} -{len(gone)} connection ends "
+                  f"({len(live)} capped now)", flush=True)
         time.sleep(0.1)
+    tc.close()
 
 
 if __name__ == "__main__":
