@@ -75,7 +75,7 @@ pub const PIECES_ON_ONE_FLOW: usize = 4;
 /// transport keeps a control socket beside its data sockets: where a network caps each
 /// connection, a header sent behind pieces waits until they have gone through the cap, and
 /// the receiver posts the message's pieces only once it has the header. (GPU machine, every
-/// connection capped at 250 Mbit/s, all_reduce 64-256 MiB over NCCL's 8 channels: 16 flows
+/// connection capped at 250 Mbit/s, all_reduce 64-256 MiB over NCCL's 2 channels: 16 flows
 /// each carrying pieces moved 0.68x Socket 2x8 on average, 17 with the first kept for
 /// headers 0.77x, in one call; with 32 KiB fine pieces 0.79x, 2.1x the 32 flows before, in
 /// another; BENCHMARKS.md.)

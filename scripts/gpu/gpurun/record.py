@@ -72,9 +72,12 @@ def at_gib(path, text):
     return [text.format(*w) for w in results(path) if w[0] == "1073741824"]
 
 
-def channels(path, pattern=r"via NET/[A-Za-z]+/[0-9]+"):
-    """How many channels use each NET device, as `sort | uniq -c` counts them, on one line."""
-    return "".join(f" {n} {via};" for via, n in sorted(Counter(grep(path, pattern, only=True)).items()))
+def channels(path, pattern=r"Channel [0-9]+/[0-9]+ : .* via NET/[A-Za-z]+/[0-9]+"):
+    """How many of NCCL's channels use each NET device, on one line: the distinct channel numbers
+    of its "Channel NN/c : ... via NET/..." lines (every rank writes one per channel, connection
+    and direction)."""
+    seen = {(line.split("/")[0], line.rsplit(" via ", 1)[1]) for line in grep(path, pattern, only=True)}
+    return "".join(f" {n} {via};" for via, n in sorted(Counter(via for _, via in seen).items()))
 
 
 def variants(text):

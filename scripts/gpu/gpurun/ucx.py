@@ -67,7 +67,7 @@ def stage_ucxhosts():
         path = logf(n)
         note(*[f"{n}: {m}"[:300] for m in grep(path, r"GPU Direct RDMA (Enabled|Disabled)[^$]*", 2, only=True)],
              *[f"{n}: {line}"[:500] for line in grep(path, plugin_lines, 5)],
-             f"{n}: channels {channels(path, r'via NET/[A-Za-z]+/[0-9]+(/GDRDMA)?')}",
+             f"{n}: channels {channels(path, r'Channel [0-9]+/[0-9]+ : .* via NET/[A-Za-z]+/[0-9]+(/GDRDMA)?')}",
              *[f"{n}: {line}"[:300] for line in grep(path, r"WARN|error|Segmentation", 3)])
     note("```", "", "Time per size (out-of-place, µs), side by side:", "")
     summary(capture(["python3", "scripts/gpu/sizes.py", *map(logf, names)])[1])
