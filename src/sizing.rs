@@ -107,14 +107,14 @@ pub fn threads_fit(cpus: usize, threads: usize) -> bool {
 /// messages and headers (see `comm::piece_flows`), as NCCL's Socket transport keeps 16 data
 /// sockets per comm busy in its cloud shape (2 threads x 8 sockets) beside its control
 /// socket. Where a network caps each connection, a comm moves as many connections' worth as
-/// it keeps busy, so 16 piece flows are Socket 2x8's ceiling too: on the GPU machine (NCCL's
-/// 2 channels, a comm each way per channel, every connection capped at 250 Mbit/s) Socket
-/// 2x8 moved 0.97 of its caps in all_reduce and the plugin 0.81 of its pieces' caps. 32 flows
-/// per comm moved 0.68-0.75x what 16 moved there (two calls, before the first flow kept
-/// the headers; BENCHMARKS.md), while one comm alone over 32 connections capped at
-/// 100 Mbit/s moved 1.46x (`tcp;ofi_rxm`) and 2.05x (`tcp`) what 16 moved. Flows cost nothing while messages
-/// go whole on the first one: their connections are made when a comm first cuts a message
-/// over them.
+/// it keeps busy, so 16 piece flows are Socket 2x8's ceiling too: on the GPU machine
+/// (NCCL's 2 channels, a comm each way per channel, every connection capped at 250 Mbit/s)
+/// Socket 2x8 moved 0.97 of its caps in all_reduce and the plugin 0.81 of its pieces' caps.
+/// 32 flows per comm moved 0.68-0.75x what 16 moved there (two calls, before the first flow
+/// kept the headers; BENCHMARKS.md), while one comm alone over 32 connections capped at
+/// 100 Mbit/s moved 1.46x (`tcp;ofi_rxm`) and 2.05x (`tcp`) what 16 moved. Flows cost
+/// nothing while messages go whole on the first one: their connections are made when a comm
+/// first cuts a message over them.
 pub const MAX_AUTO_FLOWS: usize = 17;
 
 /// The most lanes `auto` opens for a device's flows on one NIC; flows beyond them pair a

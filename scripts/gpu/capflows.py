@@ -9,10 +9,9 @@ has not seen a class of its own at RATE (tc's units: 2gbit), chosen by a u32 fil
 ports: each end of a connection between two processes of this machine is a line there, one
 direction. IPv4 filters sit in a u32 hash table of 256 buckets keyed on the low byte of the
 source port, and a connection's filter and class go once it is no longer established: every
-packet is then matched against a handful of filters, not against every connection seen so
-far (a linear list of a thousand filters, matched under the qdisc's lock, is a ceiling of its
-own that grows from run to run). IPv6 filters stay in a list. Prints, as it goes, how many
-connection ends it capped and let go.
+packet is then matched against a handful of filters, not against every connection the runs
+before it made. IPv6 filters stay in a list. Prints, as it goes, how many connection ends it
+capped and let go.
 """
 
 import atexit

@@ -101,8 +101,9 @@ def stage_capped():
     """the hosts shape with every TCP connection on the ranks' path capped at $CAP_RATE (default
     2gbit), the way clouds cap each flow: an HTB class per connection on lo (which carries
     eth0-to-eth0 traffic here), made as connections appear and removed as they close
-    (scripts/gpu/capflows.py; the kernel there has no fq); $CAPPED_TEST (all_reduce_perf), Socket as shipped, 4x4,
-    2x8 and the plugin ($HOSTS_FABRIC_VARIANTS as in hosts, default none)"""
+    (scripts/gpu/capflows.py; the kernel there has no fq); $CAPPED_TEST (all_reduce_perf),
+    Socket as shipped, 4x4, 2x8 and the plugin ($HOSTS_FABRIC_VARIANTS as in hosts, default
+    none)"""
     rate, tclog = env_or("CAP_RATE", "2gbit"), logf("capped-tc")
     tool_setup("tc", f"{IN}/tc.tar.xz")
     execute(["tc", "qdisc", "del", "dev", "lo", "root"], out=os.devnull)
