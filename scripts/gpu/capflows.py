@@ -70,8 +70,9 @@ def main():
     tc.flush()
     live = {}  # (sport, dport, v6) -> (class id, filter handle or None)
     free = []  # class ids let go, for reuse
+    fresh = iter(range(0x11, 0xFF00))  # class ids never used
     nodes = [0] * BUCKETS  # the last node id used in each bucket
-    counts = {"capped": 0}
+    counts = {"capped": 0}  # connection ends capped so far (for the line printed at exit)
     until = time.monotonic() + seconds
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
     atexit.register(lambda: print(f"capped {counts['capped']} connection ends at {rate}", flush=True))
@@ -87,15 +88,16 @@ def main():
                 free.append(cls)
         for key in now:
             sport, dport, v6 = key
-            if key in live or (not free and 0x10 + counts["capped"] >= 0xFF00):
+            cls = None if key in live else free.pop() if free else next(fresh, None)
+            if cls is None:
                 continue
             counts["capped"] += 1
             added += 1
-            cls = free.pop() if free else 0x10 + counts["capped"]
             tc("class", "add", "dev", dev, "parent", "1:", "classid", f"1:{cls:x}", "htb", "rate", rate,
                "ceil", rate, "quantum", "65536")
-            match = ["match", "ip6" if v6 else "ip", "sport", str(sport), "0xffff",
-                     "match", "ip6" if v6 else "ip", "dport", str(dport), "0xffff", "flowid", f"1:{cls:x}"]
+            field = "ip6" if v6 else "ip"
+            match = ["match", field, "sport", str(sport), "0xffff",
+                     "match", field, "dport", str(dport), "0xffff", "flowid", f"1:{cls:x}"]
             handle = None
             if v6:
                 tc(*filt, "protocol", "ipv6", "prio", "2", "u32", *match)
