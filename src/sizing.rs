@@ -103,19 +103,17 @@ pub fn threads_fit(cpus: usize, threads: usize) -> bool {
     cpus.saturating_sub(NCCL_BUSY_THREADS) >= threads
 }
 
-/// The most flows `auto` gives a device: 16 for pieces and the first, which carries whole
-/// messages and headers (see `comm::piece_flows`), as NCCL's Socket transport keeps 16 data
-/// sockets per comm busy in its cloud shape (2 threads x 8 sockets) beside its control
-/// socket. Where a network caps each connection, a comm moves as many connections' worth as
-/// it keeps busy, so 16 piece flows are Socket 2x8's ceiling too: on the GPU machine
-/// (NCCL's 2 channels, a comm each way per channel, every connection capped at 250 Mbit/s)
-/// Socket 2x8 moved 0.97 of its caps in all_reduce and the plugin 0.81 of its pieces' caps.
-/// 32 flows per comm moved 0.68-0.75x what 16 moved there (two calls, before the first flow
-/// kept the headers; BENCHMARKS.md), while one comm alone over 32 connections capped at
-/// 100 Mbit/s moved 1.46x (`tcp;ofi_rxm`) and 2.05x (`tcp`) what 16 moved. Flows cost
-/// nothing while messages go whole on the first one: their connections are made when a comm
-/// first cuts a message over them.
-pub const MAX_AUTO_FLOWS: usize = 17;
+/// The most flows `auto` gives a device: 31 for pieces and the first, which carries whole
+/// messages and headers (see `comm::piece_flows`). Where a network caps each connection, a
+/// comm moves as many connections' worth as it keeps busy, and NCCL's Socket transport keeps
+/// 16 data sockets per comm busy in its cloud shape (2 threads x 8 sockets): 16 piece flows
+/// could only match it. On the GPU machine (NCCL's 2 channels, a comm each way per channel,
+/// every connection capped at 250 Mbit/s) Socket 2x8 moved 0.94 GB/s in all_reduce, the
+/// plugin 0.80 with 17 flows and 1.00 with 32 (H100); uncapped, 32 flows moved about what 17
+/// did (6.37 against 6.76 GB/s at 1 GiB, 6.05 against 5.97 on average; BENCHMARKS.md).
+/// Flows cost nothing while messages go whole on the first one: their connections are made
+/// when a comm first cuts a message over them.
+pub const MAX_AUTO_FLOWS: usize = 32;
 
 /// The most lanes `auto` opens for a device's flows on one NIC; flows beyond them pair a
 /// sending lane with a receiving one (connections of their own on the same endpoints), so
@@ -210,7 +208,7 @@ mod tests {
     #[test]
     fn flows_beyond_sixteen_pair_lanes_on_one_nic() {
         assert_eq!(lanes_for_flows(4, true, 32, 1), MAX_FLOW_LANES);
-        assert_eq!(lanes_for_flows(4, true, 17, 1), 16, "a veth's 17 flows");
+        assert_eq!(lanes_for_flows(4, true, 20, 1), 16, "a veth's 20 flows");
         assert_eq!(lanes_for_flows(4, true, 8, 1), 8);
         assert_eq!(
             lanes_for_flows(4, true, 1, 1),
@@ -230,7 +228,8 @@ mod tests {
         assert_eq!(flows_for(0), 1);
         assert_eq!(flows_for(1000), 2, "a 1 Gbps NIC");
         assert_eq!(flows_for(5_000), 10);
-        assert_eq!(flows_for(10_000), 17, "a 10 Gbps NIC (and a veth)");
-        assert_eq!(flows_for(100_000), 17, "at most 17");
+        assert_eq!(flows_for(10_000), 20, "a 10 Gbps NIC (and a veth)");
+        assert_eq!(flows_for(16_000), 32);
+        assert_eq!(flows_for(100_000), 32, "at most 32");
     }
 }

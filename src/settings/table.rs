@@ -98,8 +98,8 @@ pub const TABLE: &[Setting] = &[
                   one of its own (L lanes a side carry up to L x L flows). \
                   On a comm of 3 flows or more the first carries whole messages and headers, \
                   the others the pieces. \
-                  0 = the device's speed over 500 Mbps per flow, from 1 to 17 (17 for 8.5 Gbps \
-                  and up: 16 for pieces); 1 over shared memory, with an endpoint per comm, where messages go \
+                  0 = the device's speed over 500 Mbps per flow, from 1 to 32 (32 for 16 Gbps \
+                  and up: 31 for pieces); 1 over shared memory, with an endpoint per comm, where messages go \
                   whole, and for a rank bound to one CPU",
     },
     Setting {
