@@ -624,7 +624,7 @@ fn flows_beyond_the_lanes_are_connections_of_their_own() {
     }
 }
 
-/// Messages of NCCL's step size (512 KiB, in two pieces) on a comm of the default flows (17
+/// Messages of NCCL's step size (512 KiB, in two pieces) on a comm of the default flows (20
 /// on a veth): each message's pieces take the flows after the previous one's, so the stream
 /// spreads over every flow that pieces take (all but the first, which carries the headers)
 /// rather than the first two.
@@ -656,18 +656,18 @@ fn short_messages_in_pieces_take_the_flows_in_turn() {
             veth_flows(),
             "over {p}: connections that carried the warm-up"
         );
-        // The first flow carries the headers, each other one 12 pieces of 256 KiB.
+        // The first flow carries the headers, the others the 192 pieces of 256 KiB.
         carry_piece_shares(&sent, (COUNT * STEP) as u64, &format!("over {p}"));
     }
 }
 
-/// NCCL's steps (512 KiB) two at a time on a comm of the default flows (17 on a veth) that
+/// NCCL's steps (512 KiB) two at a time on a comm of the default flows (20 on a veth) that
 /// progress threads drive (NCCL's calls over native tcp: see [`capped_drivers`]). Where
 /// every connection is capped (primed: see [`Prime`]), the send comm cuts each step into
-/// fine pieces over the 16 flows pieces take, so that every connection has the next step's
-/// piece queued when one ends. A size set (`NCCL_FABRIC_PIECE_BYTES`) is kept: 256 KiB
-/// pieces from the first message, never finer. The rates are printed: uncapped, capped, and
-/// capped held to 256 KiB pieces.
+/// 16 fine pieces over the 19 flows pieces take, each step's after the previous one's, so
+/// that every connection has the next piece queued when one ends. A size set
+/// (`NCCL_FABRIC_PIECE_BYTES`) is kept: 256 KiB pieces from the first message, never finer.
+/// The rates are printed: uncapped, capped, and capped held to 256 KiB pieces.
 #[test]
 fn a_comm_whose_flows_are_capped_cuts_finer() {
     if !hosts_or_skip() {
@@ -978,8 +978,10 @@ fn a_cut_flow_fails_the_comm_at_both_ends() {
             |hosts, flows| {
                 assert_eq!(flows.len(), 4, "over {p}: connections of the warm-up");
                 hosts.cap_flows(0, flows, &[10_000]);
-                // Not the first flow (whole messages and headers): see docs/design.md.
-                hosts.cut_flow(0, 2);
+                // Not the first flow (whole messages and headers, see docs/design.md): the
+                // busiest, a piece flow (the first carried the warm-up's 5 MiB of whole
+                // messages, the three others 16 MiB of pieces between them).
+                hosts.cut_flow(0, 0);
             },
             |_, _| (),
         );

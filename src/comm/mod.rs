@@ -12,8 +12,9 @@
 //! that a header never waits behind pieces where a network caps each connection.
 //!
 //! **Pieces.** A message longer than the comm's smallest piece (agreed at connect, see
-//! `handshake::agreed_piece`) is cut into up to one piece per flow that pieces take
-//! ([`cut`]: at most [`PIECES_ON_ONE_FLOW`] on a comm of one flow), all of one power-of-two
+//! `handshake::agreed_piece`) is cut into up to one piece per flow that pieces take, their
+//! number rounded up to a power of two ([`cut`]: at most [`PIECES_ON_ONE_FLOW`] on a comm of
+//! one flow), all of one power-of-two
 //! size but the last, which takes the rest. The sender alone knows how long its message is,
 //! so it first sends a header: an empty message on the first flow whose tag names the cut
 //! (see `tags`). The receiver posts one receive over its whole buffer, which takes a whole
@@ -230,9 +231,16 @@ impl Comm {
             adapt,
         } = terms;
         let max_recvs = max_recvs.clamp(1, MAX_RECVS);
+        // Up to as many pieces as flows take them, rounded up to a power of two: NCCL's
+        // messages are (its 1 MiB slices of two 512 KiB steps), so a finely cut one goes in
+        // pieces of `pace::FINE_PIECE` even where the flows number one less, as 31 of a
+        // comm's 32 do (a piece more than the flows shares a flow; see `wire_of`). Cut in
+        // 31 at most, a 1 MiB slice went in 16 pieces of 64 KiB, which rxm sends by
+        // rendezvous: all_reduce on the GPU machine, every connection capped at 100 Mbit/s,
+        // moved 0.63 of its 31 flows' caps.
         let most = match wires.len() {
             1 => PIECES_ON_ONE_FLOW,
-            n => piece_flows(n).1,
+            n => piece_flows(n).1.next_power_of_two().min(MAX_PIECES),
         };
         // A send cuts into `most` pieces at most, and its peer's comm has as many flows as
         // this one, so a receive takes as many (a header naming more is malformed). Every
