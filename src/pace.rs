@@ -41,9 +41,9 @@
 
 use parking_lot::Mutex;
 
-/// The smallest piece a comm cuts into where its flows are slow: NCCL's steps (512 KiB) then
-/// go in one piece per flow of a comm of 16, so that with two steps in flight each flow has
-/// the next piece queued when one ends. It is also rxm's largest message sent in segments
+/// The smallest piece a comm cuts into where its flows are slow: NCCL's 1 MiB slices (two
+/// 512 KiB steps) then go in 32 pieces over the 31 piece flows of the default 32, so that
+/// with two slices in flight each flow has the next piece queued when one ends. It is also rxm's largest message sent in segments
 /// of its buffers (8 eager buffers, 4 KiB each as the plugin sets them): a longer one goes
 /// by rendezvous, which the receiver reads once its receive matched and whose send completes
 /// when the receiver says so. Over 16 connections capped at 100 Mbit/s, NCCL's steps two at a
