@@ -177,8 +177,9 @@ pub const TABLE: &[Setting] = &[
         kind: Kind::Number { min: 0, max: 1 << 30 },
         default: "262144",
         meaning: "a message longer than this is cut into pieces of at least this size (a \
-                  power of two, rounded up), one per flow (NCCL_FABRIC_FLOWS; up to 4 on a \
-                  comm of one flow), all in flight at once; the last takes the rest. The peers \
+                  power of two, rounded up), up to one per flow, their number rounded up to a \
+                  power of two (NCCL_FABRIC_FLOWS; up to 4 on a comm of one flow), all in \
+                  flight at once; the last takes the rest. The peers \
                   use the smaller of their values, and 0 (or under 4096) at either end sends \
                   whole messages (as comms over shared memory, and over rxm before libfabric \
                   2.1, always do). Unset, a device with one flow per comm that NCCL's calls drive \
@@ -187,7 +188,7 @@ pub const TABLE: &[Setting] = &[
                   flow until they prove slow (2 batches of 4 in a row); \
                   and a send comm whose messages show its flows moving under 500 Mbit/s each \
                   (8 in a row; a network that caps each connection) cuts them into pieces of \
-                  32768 bytes at least, one per flow, until 64 in a row move \
+                  32768 bytes at least, as many as the flows allow, until 64 in a row move \
                   faster (then it cuts as before, or sends whole messages again); one that sent \
                   whole messages tries them again after 64 messages in pieces per flow (256 at least), then after twice \
                   as many each time they prove slow (one batch of 4, or fewer messages where they \
