@@ -14,17 +14,16 @@
 //! **Pieces.** A message longer than the comm's smallest piece (agreed at connect, see
 //! `handshake::agreed_piece`) is cut into up to one piece per flow that pieces take, their
 //! number rounded up to a power of two ([`cut`]: at most [`PIECES_ON_ONE_FLOW`] on a comm of
-//! one flow), all of one power-of-two
-//! size but the last, which takes the rest. The sender alone knows how long its message is,
-//! so it first sends a header: an empty message on the first flow whose tag names the cut
-//! (see `tags`). The receiver posts one receive over its whole buffer, which takes a whole
-//! message or a header alike; a header makes it post a receive for each piece at its
-//! offset, on the flow the piece travels on (piece `j` on the `first + j mod n`-th of the
-//! `n` flows pieces take, each message's `first` after the previous one's pieces, see
-//! `Comm::first_flow`), while the pieces, sent at once behind the header, wait for them in
-//! the provider (rxm holds a long message's rendezvous until its receive is posted). Pieces
-//! beyond the receive's buffer are taken in by empty receives (into the overflow area), so
-//! a truncation is reported with both sizes and neither side waits.
+//! one flow), all of one power-of-two size but the last, which takes the rest. The sender alone
+//! knows how long its message is, so it first sends a header: an empty message on the first
+//! flow whose tag names the cut (see `tags`). The receiver posts one receive over its whole
+//! buffer, which takes a whole message or a header alike; a header makes it post a receive for
+//! each piece at its offset, on the flow the piece travels on (piece `j` on the
+//! `first + j mod n`-th of the `n` flows pieces take, each message's `first` after the previous
+//! one's pieces, see `Comm::first_flow`), while the pieces, sent at once behind the header,
+//! wait for them in the provider (rxm holds a long message's rendezvous until its receive is
+//! posted). Pieces beyond the receive's buffer are taken in by empty receives (into the
+//! overflow area), so a truncation is reported with both sizes and neither side waits.
 //!
 //! While the provider holds a request's operation, the driver holds the comm (an `Arc`), so
 //! a comm closed with operations in flight lives on until they are cancelled or complete,
@@ -232,12 +231,12 @@ impl Comm {
         } = terms;
         let max_recvs = max_recvs.clamp(1, MAX_RECVS);
         // Up to as many pieces as flows take them, rounded up to a power of two: NCCL's
-        // messages are (its 1 MiB slices of two 512 KiB steps), so a finely cut one goes in
-        // pieces of `pace::FINE_PIECE` even where the flows number one less, as 31 of a
-        // comm's 32 do (a piece more than the flows shares a flow; see `wire_of`). Cut in
-        // 31 at most, a 1 MiB slice went in 16 pieces of 64 KiB, which rxm sends by
-        // rendezvous: all_reduce on the GPU machine, every connection capped at 100 Mbit/s,
-        // moved 0.63 of its 31 flows' caps.
+        // messages are powers of two (its 1 MiB slices of two 512 KiB steps), so a finely cut
+        // one goes in pieces of `pace::FINE_PIECE` even where the flows number one less, as 31
+        // of a comm's 32 do (a piece more than the flows shares a flow; see `wire_of`). Cut in
+        // 31 at most, a 1 MiB slice went in 16 pieces of 64 KiB, which rxm sends by rendezvous:
+        // all_reduce on the GPU machine, every connection capped at 100 Mbit/s, moved 0.63 of
+        // its 31 flows' caps.
         let most = match wires.len() {
             1 => PIECES_ON_ONE_FLOW,
             n => piece_flows(n).1.next_power_of_two().min(MAX_PIECES),
