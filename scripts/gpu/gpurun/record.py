@@ -57,9 +57,25 @@ def fmt(x):
     return str(int(x)) if x == int(x) else f"{x:.6g}"
 
 
+# A line NCCL or the plugin logs (`host:pid:tid [dev] NCCL INFO ...`), which may land in the
+# middle of a result line when another thread writes it while nccl-tests prints.
+LOGGED = re.compile(r"[A-Za-z][\w.-]*:\d+:\d+ \[\d+\] NCCL (INFO|WARN|TRACE).*$")
+
+
 def results(path):
-    """The result lines of an nccl-tests log, split into fields."""
-    return [w for w in map(str.split, lines(path)) if len(w) >= 13 and re.fullmatch(r"[0-9]+", w[0])]
+    """The result lines of an nccl-tests log, split into fields (size count type redop root
+    time algbw busbw #wrong time algbw busbw #wrong); one cut by a log line is joined with the
+    rest of it, which follows the log lines."""
+    found, pending = [], []
+    for line in lines(path):
+        w = pending + LOGGED.sub("", line).split()
+        pending = []
+        started = len(w) > 1 and w[0].isdigit() and w[1].isdigit()
+        if started and len(w) < 13 and LOGGED.search(line):
+            pending = w
+        elif started and len(w) >= 13:
+            found.append(w)
+    return found
 
 
 def wrong(path):
