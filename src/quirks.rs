@@ -364,7 +364,7 @@ pub fn names_this_process(provider: &str, addr: &[u8]) -> bool {
 /// were copied again out of them. Above the limit they go by rendezvous, read straight into
 /// the receive buffer. With the limit at 16 KiB, 1 MiB in 32 KiB pieces over 8 flows moved
 /// 4.4 against 1.4 GB/s at 0.44 against 1.4 CPU-s per GB (2-core machine, `transfer`
-/// bench); all_reduce under a per-connection cap on the GPU machine moved 1.24–1.28×
+/// bench); all_reduce under a per-connection cap on the GPU machine moved 1.24–1.66×
 /// (250 Mbit/s) and 1.08–1.11× (100 Mbit/s) what it did with the default limit, at less CPU.
 /// A rendezvous send completes once the receiver has read it: a sender that keeps only two
 /// sends of 32 KiB pieces in flight on capped connections moves a third of what it did (see
