@@ -366,9 +366,9 @@ pub fn names_this_process(provider: &str, addr: &[u8]) -> bool {
 /// 4.4 against 1.4 GB/s at 0.44 against 1.4 CPU-s per GB (2-core machine, `transfer`
 /// bench); all_reduce under a per-connection cap on the GPU machine moved 1.24–1.66×
 /// (250 Mbit/s) and 1.08–1.11× (100 Mbit/s) what it did with the default limit, at less CPU.
-/// A rendezvous send completes once the receiver has read it: a sender that keeps only two
-/// sends of 32 KiB pieces in flight on capped connections moves a third of what it did (see
-/// docs/performance.md); NCCL keeps more in flight.
+/// Only a stream of two sends in flight, whose sender shapes each connection itself under
+/// BBR, moved less (a third: its connections' data now and then waited about 40 ms in the
+/// kernel; with cubic it moved the cap; see docs/performance.md).
 pub const RXM_DEFAULTS: &[(&str, &str)] = &[
     ("FI_OFI_RXM_USE_SRX", "0"),
     ("FI_OFI_RXM_BUFFER_SIZE", "4096"),
