@@ -20,6 +20,13 @@
 //!   2.1: `cma_copy` loops forever) and crashes 2.1 `tcp;ofi_rxm` later in `fi_close`
 //!   (`rxm_close_conn`). Receives therefore carry an overflow area after NCCL's buffer, so the
 //!   provider never truncates and the plugin reports the sizes itself (see `overflow`).
+//! - **rxm's teardown**: `rxm_close_conn` (releases 1.14 to 2.6.0; fixed on libfabric's main
+//!   by 697688386) closes a connection's endpoint, then drains the completions still queued
+//!   for it; a receive completion drained then posts a new receive on the closed endpoint,
+//!   and the process dies of SIGSEGV (a call through a null pointer in `rxm_post_recv`). A
+//!   peer that disconnects with its messages still queued does it: a stranger that relayed
+//!   the handshake and left crashed the victim's progress thread 3 times in 116 runs
+//!   (2.1). Nothing in the plugin reaches it; docs/limitations.md says so.
 //! - **Native tcp** RDM hangs under NCCL (ofiwg/libfabric#8963): refused unless allowed
 //!   ([`native_tcp_refusal`]). With progress threads that sleep on its wait objects, on
 //!   capped connections, 2.1 also left pieces with the provider for good in 2 of 8 runs (none
