@@ -356,14 +356,15 @@ pub fn names_this_process(provider: &str, addr: &[u8]) -> bool {
 
 /// libfabric variables set at init unless the user set them: no shared receive context
 /// (receive buffers per connection, which a plugin with few peers per endpoint keeps few),
-/// 4 KiB eager buffers, segmented sends (SAR) up to 16 KiB only, 16-deep queues on each
-/// connection, and 4 KiB buffers in 2.x tcp's transfer pool. rxm and tcp grow their pools 1024 buffers at a time, per endpoint (rxm) and
-/// per domain (tcp), and every lane has both: with rxm's 8 KiB and tcp's 16 KiB, each
-/// endpoint held 34 MiB on 2.1 (18.5 on 1.17), with 4 KiB each 14 MiB (10.5)
-/// (`cargo bench --bench memory`). rxm refuses a connection between endpoints of different
-/// eager limits, so every rank must run with the same values (they do when all run this
-/// plugin). Measured on 2× H200 (NCCL 2.28.9, libfabric 2.1, all_reduce 1 GiB) with the
-/// first three and 8 KiB eager buffers: peak RSS 4.0 → 1.5 GiB, busbw 13.0 → 12.7 GB/s.
+/// 4 KiB eager buffers, 16-deep queues on each connection, 4 KiB buffers in 2.x tcp's
+/// transfer pool, and segmented sends (SAR) up to 16 KiB only. rxm and tcp grow their pools
+/// 1024 buffers at a time, per endpoint (rxm) and per domain (tcp), and every lane has both:
+/// with rxm's 8 KiB and tcp's 16 KiB, each endpoint held 34 MiB on 2.1 (18.5 on 1.17), with
+/// 4 KiB each 14 MiB (10.5) (`cargo bench --bench memory`). rxm refuses a connection
+/// between endpoints of different eager limits, so every rank must run with the same values
+/// (they do when all run this plugin). Measured on 2× H200 (NCCL 2.28.9, libfabric 2.1,
+/// all_reduce 1 GiB) with the first three and 8 KiB eager buffers: peak RSS 4.0 → 1.5 GiB,
+/// busbw 13.0 → 12.7 GB/s.
 ///
 /// rxm's SAR limit is 8 eager buffers by default, so 32 KiB pieces (`pace::FINE_PIECE`, what
 /// a comm on capped connections cuts into) went through rxm's buffers in 8 segments, often
@@ -379,10 +380,10 @@ pub fn names_this_process(provider: &str, addr: &[u8]) -> bool {
 pub const RXM_DEFAULTS: &[(&str, &str)] = &[
     ("FI_OFI_RXM_USE_SRX", "0"),
     ("FI_OFI_RXM_BUFFER_SIZE", "4096"),
-    ("FI_OFI_RXM_SAR_LIMIT", "16384"),
     ("FI_OFI_RXM_MSG_RX_SIZE", "16"),
     ("FI_OFI_RXM_MSG_TX_SIZE", "16"),
     ("FI_TCP_MAX_RX_SIZE", "4096"),
+    ("FI_OFI_RXM_SAR_LIMIT", "16384"),
 ];
 
 /// Sets each of [`RXM_DEFAULTS`] the environment does not already have, before the first
