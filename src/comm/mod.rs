@@ -234,7 +234,7 @@ impl Comm {
         // messages are powers of two (its 1 MiB slices of two 512 KiB steps), so a finely cut
         // one goes in pieces of `pace::FINE_PIECE` even where the flows number one less, as 31
         // of a comm's 32 do (a piece more than the flows shares a flow; see `wire_of`). Cut in
-        // 31 at most, a 1 MiB slice went in 16 pieces of 64 KiB, which rxm sends by rendezvous:
+        // 31 at most, a 1 MiB slice went in 16 pieces of 64 KiB over 16 of the 31 flows:
         // all_reduce on the GPU machine, every connection capped at 100 Mbit/s, moved 0.63 of
         // its 31 flows' caps.
         let most = match wires.len() {
