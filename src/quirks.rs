@@ -22,11 +22,14 @@
 //!   provider never truncates and the plugin reports the sizes itself (see `overflow`).
 //! - **rxm's teardown**: `rxm_close_conn` (releases 1.14 to 2.6.0; fixed on libfabric's main
 //!   by 697688386) closes a connection's endpoint, then drains the completions still queued
-//!   for it; a receive completion drained then posts a new receive on the closed endpoint,
-//!   and the process dies of SIGSEGV (a call through a null pointer in `rxm_post_recv`). A
-//!   peer that disconnects with its messages still queued does it: a stranger that relayed
-//!   the handshake and left crashed the victim's progress thread 3 times in 116 runs
-//!   (2.1). Nothing in the plugin reaches it; docs/limitations.md says so.
+//!   for it; a receive completion drained then posts a new receive on the endpoint it came
+//!   from, the closed one, and the process dies of SIGSEGV (a call through a null pointer in
+//!   `rxm_post_recv`). A peer that disconnects with its messages still queued does it: a
+//!   stranger that relayed the handshake and left crashed the victim's progress thread 3
+//!   times in 116 runs (2.1), and once in CI. With rxm's shared receive context, rxm's own
+//!   choice over tcp, receives are posted to that context, which stays open, so the plugin
+//!   no longer turns it off ([`RXM_DEFAULTS`]). A rendezvous read that such a drain starts on
+//!   the closed endpoint is not covered; docs/limitations.md says so.
 //! - **Native tcp** RDM hangs under NCCL (ofiwg/libfabric#8963): refused unless allowed
 //!   ([`native_tcp_refusal`]). With progress threads that sleep on its wait objects, on
 //!   capped connections, 2.1 also left pieces with the provider for good in 2 of 8 runs (none
@@ -354,17 +357,25 @@ pub fn names_this_process(provider: &str, addr: &[u8]) -> bool {
     text.starts_with(prefix.as_bytes()) && matches!(text.get(prefix.len()), None | Some(b':'))
 }
 
-/// libfabric variables set at init unless the user set them: no shared receive context
-/// (receive buffers per connection, which a plugin with few peers per endpoint keeps few),
-/// 4 KiB eager buffers, 16-deep queues on each connection, 4 KiB buffers in 2.x tcp's
-/// transfer pool, and segmented sends (SAR) up to 16 KiB only. rxm and tcp grow their pools
-/// 1024 buffers at a time, per endpoint (rxm) and per domain (tcp), and every lane has both:
-/// with rxm's 8 KiB and tcp's 16 KiB, each endpoint held 34 MiB on 2.1 (18.5 on 1.17), with
-/// 4 KiB each 14 MiB (10.5) (`cargo bench --bench memory`). rxm refuses a connection
-/// between endpoints of different eager limits, so every rank must run with the same values
-/// (they do when all run this plugin). Measured on 2× H200 (NCCL 2.28.9, libfabric 2.1,
-/// all_reduce 1 GiB) with the first three and 8 KiB eager buffers: peak RSS 4.0 → 1.5 GiB,
-/// busbw 13.0 → 12.7 GB/s.
+/// libfabric variables set at init unless the user set them: 4 KiB eager buffers, 16-deep
+/// receive queues (over tcp rxm shares one per endpoint among its connections, its shared
+/// receive context; elsewhere each connection has its own) and send queues, 4 KiB buffers in
+/// 2.x tcp's transfer pool, and segmented sends (SAR) up to 16 KiB only. rxm and tcp grow
+/// their pools 1024 buffers at a time, per endpoint (rxm) and per domain (tcp), and every lane
+/// has both: with rxm's 8 KiB and tcp's 16 KiB, each endpoint held 34 MiB on 2.1 (18.5 on
+/// 1.17), with 4 KiB each 14 MiB (10.5) (`cargo bench --bench memory`). rxm refuses a
+/// connection between endpoints of different eager limits, so every rank must run with the
+/// same values (they do when all run this plugin). Measured on 2× H200 (NCCL 2.28.9,
+/// libfabric 2.1, all_reduce 1 GiB) with 16-deep queues, no shared receive context and 8 KiB
+/// eager buffers: peak RSS 4.0 → 1.5 GiB, busbw 13.0 → 12.7 GB/s; most of the 4.0 was the
+/// shared context's 4096 preposted buffers.
+///
+/// The shared receive context stays on (rxm's default over tcp, 16 deep here): without it a
+/// connection's receives are posted on the connection's own endpoint, and rxm's teardown
+/// (see the module notes) posts one there after closing it, which killed the process when a
+/// peer left with messages queued. It costs 3 MiB more per endpoint (12.2 against 9.2 MiB on
+/// 2.1, `memory` bench) and about half a microsecond of 8-byte latency (5.6 against 5.1 µs
+/// half round trip, `transfer` bench, 2-core machine); bandwidth within the benches' noise.
 ///
 /// rxm's SAR limit is 8 eager buffers by default, so 32 KiB pieces (`pace::FINE_PIECE`, what
 /// a comm on capped connections cuts into) went through rxm's buffers in 8 segments, often
@@ -378,7 +389,6 @@ pub fn names_this_process(provider: &str, addr: &[u8]) -> bool {
 /// BBR, moved less (a third: its connections' data now and then waited about 40 ms in the
 /// kernel; with cubic it moved the cap; see docs/performance.md).
 pub const RXM_DEFAULTS: &[(&str, &str)] = &[
-    ("FI_OFI_RXM_USE_SRX", "0"),
     ("FI_OFI_RXM_BUFFER_SIZE", "4096"),
     ("FI_OFI_RXM_MSG_RX_SIZE", "16"),
     ("FI_OFI_RXM_MSG_TX_SIZE", "16"),
