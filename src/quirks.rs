@@ -373,7 +373,7 @@ pub fn names_this_process(provider: &str, addr: &[u8]) -> bool {
 /// The shared receive context stays on (rxm's default over tcp, 16 deep here): without it a
 /// connection's receives are posted on the connection's own endpoint, and rxm's teardown
 /// (see the module notes) posts one there after closing it, which killed the process when a
-/// peer left with messages queued. It costs 3 MiB more per endpoint (12.2 against 9.2 MiB on
+/// peer left with messages queued. It costs 3 MiB more per endpoint (12.0 against 9.2 MiB on
 /// 2.1, `memory` bench) and about half a microsecond of 8-byte latency (5.6 against 5.1 µs
 /// half round trip, `transfer` bench, 2-core machine); bandwidth within the benches' noise.
 ///
