@@ -73,6 +73,14 @@
 //!   stranger's ("dropped a message of 0 bytes from … fi_addr 0x0"; the first message never
 //!   arrived). rxd matches directed receives by their source itself, so its completions'
 //!   sources are not read ([`source_unreported`]).
+//! - **rxd's send window against a UDP socket's buffer**: `ofi_rxd` sends up to 128 packets
+//!   of up to 4 KiB to a peer before it waits for an acknowledgement (`FI_OFI_RXD_MAX_UNACKED`),
+//!   512 KiB, more than a UDP socket buffers by default (208 KiB, `net.core.rmem_default`). A
+//!   receiver a little behind drops the rest; rxd resends after 1, 2, 4 … ms up to 4 s, so on
+//!   busy CPUs a piece stood still for more than 4 s or a liveness probe went unanswered for
+//!   3 s, and a live peer was declared lost (`conform` over `udp;ofi_rxd` on loopback, 2 busy
+//!   cores, libfabric 1.17: 9 of 64 runs; CI once). With 32 packets (128 KiB) in flight, 0 of
+//!   20 runs (24: 0 of 16; 64: 0 of 12), at the same bandwidth ([`RXD_DEFAULTS`]).
 //! - **No link speed**: shm and sm2 report none; NCCL then opens 2 channels at the 100 Gb/s it
 //!   assumes. They are announced at 400 Gb/s so NCCL opens 4 and 4 endpoints copy at once
 //!   (all_reduce busbw at 1 GiB: 9.3 → 14.5 GB/s on a 32-core machine) ([`unreported_speed_mbps`]).
@@ -396,14 +404,19 @@ pub const RXM_DEFAULTS: &[(&str, &str)] = &[
     ("FI_OFI_RXM_SAR_LIMIT", "16384"),
 ];
 
-/// Sets each of [`RXM_DEFAULTS`] the environment does not already have, before the first
-/// `fi_getinfo` of the process (libfabric reads them when it loads its providers); returns
-/// the ones set. Runs once.
+/// Packets rxd keeps in flight to a peer, unless the user set it: 32 of its 4 KiB packets
+/// fit a UDP socket's default buffer, 128 (its default) do not (see the module notes).
+pub const RXD_DEFAULTS: &[(&str, &str)] = &[("FI_OFI_RXD_MAX_UNACKED", "32")];
+
+/// Sets each of [`RXM_DEFAULTS`] and [`RXD_DEFAULTS`] the environment does not already
+/// have, before the first `fi_getinfo` of the process (libfabric reads them when it loads its
+/// providers); returns the ones set. Runs once.
 pub fn apply_defaults() -> Vec<String> {
     static SET: OnceLock<Vec<String>> = OnceLock::new();
     SET.get_or_init(|| {
         RXM_DEFAULTS
             .iter()
+            .chain(RXD_DEFAULTS)
             .filter(|(k, _)| std::env::var_os(k).is_none())
             .map(|&(k, v)| {
                 // Called from init, before any libfabric call of this plugin; NCCL's other

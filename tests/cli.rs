@@ -296,3 +296,27 @@ fn doctor_names_the_stale_source_caveat_where_it_applies() {
     let j: serde_json::Value = serde_json::from_slice(&shm.stdout).expect("doctor --json");
     assert!(j["caveat"].is_null(), "{j}");
 }
+
+/// The provider variables the plugin sets at init are named in one INFO line for the
+/// provider in use, and one the user set is left alone.
+#[test]
+fn the_plugin_names_the_provider_defaults_it_sets() {
+    let info = |provider: &str, env: &[(&str, &str)]| -> String {
+        let mut all = vec![
+            ("NCCL_FABRIC_PROVIDER", provider),
+            ("NCCL_FABRIC_LOG", "info"),
+        ];
+        all.extend_from_slice(env);
+        let o = tool(&["demo"], &all);
+        assert!(o.status.success(), "{provider}: {o:?}");
+        text(&o.stderr)
+    };
+    let rxd = info("udp;ofi_rxd", &[]);
+    assert!(rxd.contains("FI_OFI_RXD_MAX_UNACKED=32"), "{rxd}");
+    assert!(!rxd.contains("FI_OFI_RXM_BUFFER_SIZE"), "{rxd}");
+    let rxm = info("tcp;ofi_rxm", &[]);
+    assert!(rxm.contains("FI_OFI_RXM_BUFFER_SIZE=4096"), "{rxm}");
+    assert!(!rxm.contains("FI_OFI_RXD_MAX_UNACKED"), "{rxm}");
+    let own = info("udp;ofi_rxd", &[("FI_OFI_RXD_MAX_UNACKED", "64")]);
+    assert!(!own.contains("FI_OFI_RXD_MAX_UNACKED"), "{own}");
+}
