@@ -79,8 +79,9 @@
 //!   receiver a little behind drops the rest; rxd resends after 1, 2, 4 … ms up to 4 s, so on
 //!   busy CPUs a piece stood still for more than 4 s or a liveness probe went unanswered for
 //!   3 s, and a live peer was declared lost (`conform` over `udp;ofi_rxd` on loopback, 2 busy
-//!   cores, libfabric 1.17: 9 of 64 runs; CI once). With 32 packets (128 KiB) in flight, 0 of
-//!   20 runs (24: 0 of 16; 64: 0 of 12), at the same bandwidth ([`RXD_DEFAULTS`]).
+//!   cores: libfabric 1.17 9 of 64 runs, 2.1 4 of 12; CI once). With 32 packets (128 KiB) in
+//!   flight, 0 of 20 (1.17) and 0 of 12 (2.1), at the same bandwidth or more
+//!   ([`RXD_DEFAULTS`]).
 //! - **No link speed**: shm and sm2 report none; NCCL then opens 2 channels at the 100 Gb/s it
 //!   assumes. They are announced at 400 Gb/s so NCCL opens 4 and 4 endpoints copy at once
 //!   (all_reduce busbw at 1 GiB: 9.3 → 14.5 GB/s on a 32-core machine) ([`unreported_speed_mbps`]).
