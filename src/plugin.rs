@@ -119,27 +119,12 @@ pub fn init() -> Result<Arc<Plugin>> {
         tracing::info!("{}", crate::provider::LOOPBACK_ONLY);
     }
     tracing::info!("{}", plugin.sizing);
-    let set_for = |prefixes: &[&str]| -> String {
-        let ours = defaults
-            .iter()
-            .filter(|d| prefixes.iter().any(|p| d.starts_with(p)));
-        ours.map(String::as_str).collect::<Vec<_>>().join(" ")
-    };
-    if plugin.provider.contains("rxm") {
-        let set = set_for(&["FI_OFI_RXM_", "FI_TCP_"]);
-        if !set.is_empty() {
+    for (d, set) in &defaults {
+        if plugin.provider.contains(d.provider) && !set.is_empty() {
             tracing::info!(
-                "smaller rxm and tcp buffer pools: {set} (set these variables yourself to \
-                 choose others)"
-            );
-        }
-    }
-    if plugin.provider.contains("rxd") {
-        let set = set_for(&["FI_OFI_RXD_"]);
-        if !set.is_empty() {
-            tracing::info!(
-                "rxd's send window within a UDP socket's default buffer: {set} (set it \
-                 yourself to choose another)"
+                "{}: {} (set these variables yourself to choose others)",
+                d.what,
+                set.join(" ")
             );
         }
     }

@@ -409,21 +409,51 @@ pub const RXM_DEFAULTS: &[(&str, &str)] = &[
 /// fit a UDP socket's default buffer, 128 (its default) do not (see the module notes).
 pub const RXD_DEFAULTS: &[(&str, &str)] = &[("FI_OFI_RXD_MAX_UNACKED", "32")];
 
-/// Sets each of [`RXM_DEFAULTS`] and [`RXD_DEFAULTS`] the environment does not already
-/// have, before the first `fi_getinfo` of the process (libfabric reads them when it loads its
-/// providers); returns the ones set. Runs once.
-pub fn apply_defaults() -> Vec<String> {
-    static SET: OnceLock<Vec<String>> = OnceLock::new();
+/// Variables the plugin sets for one provider unless the user did.
+pub struct Defaults {
+    /// The part of a provider's name they serve (`ofi_rxm` in `tcp;ofi_rxm`).
+    pub provider: &'static str,
+    /// What they change, for the INFO line.
+    pub what: &'static str,
+    /// (variable, value) pairs.
+    pub vars: &'static [(&'static str, &'static str)],
+}
+
+/// Every provider's [`Defaults`].
+pub const PROVIDER_DEFAULTS: &[Defaults] = &[
+    Defaults {
+        provider: "ofi_rxm",
+        what: "smaller rxm and tcp buffer pools",
+        vars: RXM_DEFAULTS,
+    },
+    Defaults {
+        provider: "ofi_rxd",
+        what: "rxd's send window within a UDP socket's default buffer",
+        vars: RXD_DEFAULTS,
+    },
+];
+
+/// Sets each variable of [`PROVIDER_DEFAULTS`] the environment does not already have, before
+/// the first `fi_getinfo` of the process (libfabric reads them when it loads its providers);
+/// returns, for each provider's defaults, the ones set (`NAME=value`). Runs once.
+pub fn apply_defaults() -> Vec<(&'static Defaults, Vec<String>)> {
+    static SET: OnceLock<Vec<(&'static Defaults, Vec<String>)>> = OnceLock::new();
     SET.get_or_init(|| {
-        RXM_DEFAULTS
+        PROVIDER_DEFAULTS
             .iter()
-            .chain(RXD_DEFAULTS)
-            .filter(|(k, _)| std::env::var_os(k).is_none())
-            .map(|&(k, v)| {
-                // Called from init, before any libfabric call of this plugin; NCCL's other
-                // threads do not read these variables.
-                std::env::set_var(k, v);
-                format!("{k}={v}")
+            .map(|d| {
+                let set = d
+                    .vars
+                    .iter()
+                    .filter(|(k, _)| std::env::var_os(k).is_none())
+                    .map(|&(k, v)| {
+                        // Called from init, before any libfabric call of this plugin; NCCL's
+                        // other threads do not read these variables.
+                        std::env::set_var(k, v);
+                        format!("{k}={v}")
+                    })
+                    .collect();
+                (d, set)
             })
             .collect()
     })
