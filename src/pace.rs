@@ -42,7 +42,7 @@
 use parking_lot::Mutex;
 
 /// The smallest piece a comm cuts into where its flows are slow: NCCL's 1 MiB slices (two
-/// 512 KiB steps) then go in 32 pieces over the 31 piece flows of the default 32, so that with
+/// 512 KiB steps) then go in 32 pieces over the 32 piece flows of the default 33, so that with
 /// two slices in flight each flow has the next piece queued when one ends. Over `tcp;ofi_rxm`
 /// it lies above the 16 KiB the plugin lets rxm send in segments (`quirks::RXM_DEFAULTS`), so
 /// it goes by rendezvous: the receiver reads it once its receive matched, and the send

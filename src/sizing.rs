@@ -103,7 +103,7 @@ pub fn threads_fit(cpus: usize, threads: usize) -> bool {
     cpus.saturating_sub(NCCL_BUSY_THREADS) >= threads
 }
 
-/// The most flows `auto` gives a device: 31 for pieces and the first, which carries whole
+/// The most flows `auto` gives a device: 32 for pieces and the first, which carries whole
 /// messages and headers (see `comm::piece_flows`). Where a network caps each connection, a
 /// comm moves as many connections' worth as it keeps busy, and NCCL's Socket transport keeps
 /// 16 data sockets per comm busy in its cloud shape (2 threads x 8 sockets): 16 piece flows
@@ -112,8 +112,9 @@ pub fn threads_fit(cpus: usize, threads: usize) -> bool {
 /// plugin 0.80 with 17 flows and 1.00 with 32 (H100); uncapped, 32 flows moved about what 17
 /// did (6.37 against 6.76 GB/s at 1 GiB, 6.05 against 5.97 on average; BENCHMARKS.md).
 /// Flows cost nothing while messages go whole on the first one: their connections are made
-/// when a comm first cuts a message over them.
-pub const MAX_AUTO_FLOWS: usize = 32;
+/// when a comm first cuts a message over them. 32 piece flows, not 31: NCCL's 1 MiB slices go
+/// in 32 pieces (`pace::FINE_PIECE`), and a flow that takes two holds up the whole message.
+pub const MAX_AUTO_FLOWS: usize = 33;
 
 /// The most lanes `auto` opens for a device's flows on one NIC; flows beyond them pair a
 /// sending lane with a receiving one (connections of their own on the same endpoints), so
@@ -230,6 +231,7 @@ mod tests {
         assert_eq!(flows_for(5_000), 10);
         assert_eq!(flows_for(10_000), 20, "a 10 Gbps NIC (and a veth)");
         assert_eq!(flows_for(16_000), 32);
-        assert_eq!(flows_for(100_000), 32, "at most 32");
+        assert_eq!(flows_for(16_500), 33);
+        assert_eq!(flows_for(100_000), 33, "at most 33: 32 take pieces");
     }
 }

@@ -35,6 +35,8 @@ const SIZE_FIELD: u32 = 4;
 const LAYOUT_MASK: u64 = ((1 << (COUNT_FIELD + SIZE_FIELD)) - 1) << LAYOUT_SHIFT;
 /// Most pieces one message may be sent in.
 pub const MAX_PIECES: usize = 1 << COUNT_FIELD;
+/// Most flows a comm has: the first, for whole messages and headers, and one per piece.
+pub const MAX_FLOWS: usize = MAX_PIECES + 1;
 /// The smallest piece size a header can name; every piece size is this times a power of two.
 pub const PIECE_UNIT: usize = 4096;
 /// The largest piece size a header can name.

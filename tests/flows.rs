@@ -141,7 +141,7 @@ const AHEAD: usize = 2;
 
 /// The messages of a priming stream (see [`Prime`]): whole, the first [`TO_FINE`] of them
 /// prove the first flow slow; cut into fine pieces, the rest take every flow that pieces
-/// take, up to 31, each carrying more than [`data_connections`] asks of a flow.
+/// take, up to 32, each carrying more than [`data_connections`] asks of a flow.
 ///
 /// [`TO_FINE`]: nccl_net_fabric::pace::TO_FINE
 const PRIME_SIZE: usize = 2 << 20;
@@ -1052,6 +1052,39 @@ fn rates_of_each_cut_uncapped() {
                         b.result("mb_per_s").unwrap()
                     );
                 }
+            }
+        }
+    }
+}
+
+/// Not a check: what one comm moves in NCCL's 1 MiB slices, two in flight, cut into 32
+/// pieces of 32 KiB, with 32 flows (31 take pieces, so one takes two of every slice) and
+/// with 33 (one piece each), every connection capped at 100 Mbit/s, two runs each, for
+/// BENCHMARKS.md (`cargo test --release --test flows rates_of_32_and_33 -- --ignored
+/// --nocapture`). Where the hosts' congestion control is BBR, rxm's rendezvous on capped
+/// connections waits on it (docs/performance.md): set cubic before, for the flows' own rates.
+#[test]
+#[ignore = "a measurement: prints rates, checks nothing"]
+fn rates_of_32_and_33_flows_capped() {
+    if !hosts_or_skip() {
+        return;
+    }
+    let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    let cap = |hosts: &Hosts, flows: &[Connection]| hosts.cap_flows(0, flows, &[CAP_MBIT]);
+    let stream = "stream:192:1048576:2";
+    for p in striping_providers() {
+        for _ in 0..2 {
+            for flows in ["32", "33"] {
+                let env = [("NCCL_FABRIC_FLOWS", flows)];
+                let ([_, b], sent) =
+                    run_pair(&Hosts::new(2), p, &env, Prime::Yes, stream, cap, sent_since);
+                let rate: f64 = b.result("mb_per_s").unwrap().parse().unwrap();
+                let caps = piece_flows(sent.len()).1 as f64 * f64::from(CAP_MBIT) / 8.0;
+                eprintln!(
+                    "{p}, {stream}, {flows} flows capped at {CAP_MBIT} Mbit/s each: {rate:.1} \
+                     MB/s, {:.3} of the piece flows' caps; sent per connection {sent:?}",
+                    rate / caps
+                );
             }
         }
     }

@@ -64,8 +64,12 @@ pub use request::{Request, Sizes};
 pub const REQUESTS_PER_COMM: usize = crate::nccl::NET_MAX_REQUESTS;
 /// Most buffers one receive may group (`maxRecvs`; NCCL's IB transport offers 8).
 pub const MAX_RECVS: usize = 8;
-/// Most flows a comm has: one per piece at most.
-pub const MAX_FLOWS: usize = MAX_PIECES;
+pub use crate::tags::MAX_FLOWS;
+const _: () = assert!(
+    crate::sizing::MAX_AUTO_FLOWS <= MAX_FLOWS,
+    "auto gives no more flows than a comm may have"
+);
+
 /// Most pieces a message is cut into on a comm of one flow: there pieces only overlap one
 /// piece's rendezvous with the others' data.
 pub const PIECES_ON_ONE_FLOW: usize = 4;
@@ -232,11 +236,12 @@ impl Comm {
         let max_recvs = max_recvs.clamp(1, MAX_RECVS);
         // Up to as many pieces as flows take them, rounded up to a power of two: NCCL's
         // messages are powers of two (its 1 MiB slices of two 512 KiB steps), so a finely cut
-        // one goes in pieces of `pace::FINE_PIECE` even where the flows number one less, as 31
-        // of a comm's 32 do (a piece more than the flows shares a flow; see `wire_of`). Cut in
-        // 31 at most, a 1 MiB slice went in 16 pieces of 64 KiB over 16 of the 31 flows:
-        // all_reduce on the GPU machine, every connection capped at 100 Mbit/s, moved 0.63 of
-        // its 31 flows' caps.
+        // one goes in pieces of `pace::FINE_PIECE`, one per flow on a comm of 33 (32 take
+        // pieces). Where the flows number fewer than the pieces, some take two (see
+        // `wire_of`), and every piece of the message waits for them: with 31 piece flows a
+        // 1 MiB slice in 32 pieces left 30 flows idle half the time it took. Cut in 31 at
+        // most, it went in 16 pieces of 64 KiB over 16 of the 31 flows: all_reduce on the GPU
+        // machine, every connection capped at 100 Mbit/s, moved 0.63 of its 31 flows' caps.
         let most = match wires.len() {
             1 => PIECES_ON_ONE_FLOW,
             n => piece_flows(n).1.next_power_of_two().min(MAX_PIECES),
@@ -271,7 +276,7 @@ impl Comm {
                         settle_lock: Mutex::new(()),
                         posted: AtomicUsize::new(0),
                         buf: AtomicPtr::new(std::ptr::null_mut()),
-                        descs: Default::default(),
+                        descs: std::array::from_fn(|_| AtomicPtr::default()),
                         host: AtomicBool::new(true),
                         event: AtomicPtr::new(std::ptr::null_mut()),
                     })

@@ -33,7 +33,7 @@ pub fn flows_field(flows: &[(u64, Vec<u8>)]) -> (Vec<u8>, usize) {
 }
 
 /// Most flows after its first that a comm's pieces spread over.
-pub const MAX_FURTHER_FLOWS: usize = crate::tags::MAX_PIECES - 1;
+pub const MAX_FURTHER_FLOWS: usize = crate::tags::MAX_FLOWS - 1;
 
 /// Reads a [`flows_field`], every address held to `shape`.
 pub(super) fn read_flows(field: &[u8], shape: &Shape, what: &str) -> Result<Vec<(u64, Vec<u8>)>> {

@@ -7,12 +7,12 @@ use super::Role;
 /// The most flows a comm may have on `lanes` shared lanes per role over `rails` NICs: a
 /// connection each, so a lane each over several NICs (flow j must travel on rail j mod rails
 /// at both ends), else every pair of a sending and a receiving lane (see [`flow_lane`]), up
-/// to the pieces a message can be cut into.
+/// to a flow for headers and one per piece a message can be cut into.
 pub fn most_flows(lanes: usize, rails: usize) -> usize {
     let lanes = lanes.max(1);
     match rails > 1 {
         true => lanes,
-        false => (lanes * lanes).min(crate::tags::MAX_PIECES),
+        false => (lanes * lanes).min(crate::tags::MAX_FLOWS),
     }
 }
 
@@ -122,7 +122,7 @@ mod tests {
     #[test]
     fn flows_beyond_the_lanes_pair_lanes_no_other_flow_pairs() {
         for lanes in 1..=8 {
-            for flows in 1..=(lanes * lanes).min(32) {
+            for flows in 1..=(lanes * lanes).min(crate::tags::MAX_FLOWS) {
                 let pairs: std::collections::HashSet<(usize, usize)> = (0..flows)
                     .map(|k| {
                         let send = flow_lane(Role::Sending, k, flows, lanes);

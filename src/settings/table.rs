@@ -88,7 +88,7 @@ pub const TABLE: &[Setting] = &[
     },
     Setting {
         name: FLOWS,
-        kind: Kind::Number { min: 0, max: 32 },
+        kind: Kind::Number { min: 0, max: 33 },
         default: "0",
         meaning: "connections each comm stripes its long messages over (each a lane of its \
                   device, see NCCL_FABRIC_LANES): a message longer than NCCL_FABRIC_PIECE_BYTES \
@@ -98,8 +98,8 @@ pub const TABLE: &[Setting] = &[
                   one of its own (L lanes a side carry up to L x L flows). \
                   On a comm of 3 flows or more the first carries whole messages and headers, \
                   the others the pieces. \
-                  0 = the device's speed over 500 Mbps per flow, from 1 to 32 (32 for 16 Gbps \
-                  and up: 31 for pieces); 1 over shared memory, with an endpoint per comm, where messages go \
+                  0 = the device's speed over 500 Mbps per flow, from 1 to 33 (33 for 16.5 \
+                  Gbps and up: 32 for pieces); 1 over shared memory, with an endpoint per comm, where messages go \
                   whole, and for a rank bound to one CPU",
     },
     Setting {
@@ -112,7 +112,7 @@ pub const TABLE: &[Setting] = &[
                   that each comm's flows are connections of its own), and a comm's flows are \
                   the lanes from its first on. \
                   0 = the device's flows, up to 16 on one NIC (the flows beyond pair lanes) and \
-                  all of them over several NICs (32 a side with the default flows, each an endpoint of about \
+                  all of them over several NICs (33 a side with the default flows, each an endpoint of about \
                   14 MiB), or where messages go whole, by the CPUs of this rank and the devices in use: (CPUs - 2) / (3 x devices), from 1 to 4",
     },
     Setting {
