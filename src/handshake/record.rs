@@ -6,7 +6,7 @@ use crate::error::{Error, Result};
 use crate::nccl::NET_HANDLE_MAXSIZE;
 
 pub const MAGIC: u32 = 0x4e46_4142; // "NFAB"
-pub const VERSION: u8 = 7;
+pub const VERSION: u8 = 8;
 
 const HEADER: usize = 40;
 /// Longest address a record field may carry: the longest endpoint name of any provider
