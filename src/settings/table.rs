@@ -88,7 +88,7 @@ pub const TABLE: &[Setting] = &[
     },
     Setting {
         name: FLOWS,
-        kind: Kind::Number { min: 0, max: 33 },
+        kind: Kind::Number { min: 0, max: crate::tags::MAX_FLOWS as u64 },
         default: "0",
         meaning: "connections each comm stripes its long messages over (each a lane of its \
                   device, see NCCL_FABRIC_LANES): a message longer than NCCL_FABRIC_PIECE_BYTES \
