@@ -29,15 +29,28 @@
 //! the connection is capped, one after a long wait and the next at once.
 //!
 //! [`TO_FINE`] slow messages in a row (pieces), or [`WHOLE_RUN`] slow batches (whole
-//! messages), make the comm cut finely; [`TO_COARSE`] fast ones in a row make it cut
-//! coarsely again (or send whole messages again; a comm that sent whole messages also tries
-//! them again after [`first_probe`] messages cut finely, then after twice as many each time
-//! the try proves slow, which one slow batch does, or fewer of its messages where they alone
-//! took longer than the batch may). The second run is the
+//! messages), make the comm cut finely; for a comm that cuts coarsely while fast,
+//! [`TO_COARSE`] fast ones in a row make it cut coarsely again. The second run is the
 //! longer: small pieces can look fast on a capped connection (a rate limiter lets a burst
 //! through after an idle spell, 64 KiB and more on `lo`), while a comm that moves fast and
 //! cut finely for a while (the receiver kept it waiting, its connections were being made)
 //! loses little.
+//!
+//! A comm that sends whole messages while fast decides between the two by tries, since the
+//! floor alone cannot tell: where the network caps each connection above it (clouds cap each
+//! flow at 5-10 Gbit/s), whole messages look fast by the floor and move one connection's
+//! worth. After [`FIRST_FINE_PROBE`] whole messages slower than [`TRY_PIECES_BELOW_MBPS`]
+//! (faster ones are left alone) it tries pieces, meters
+//! [`FINE_BATCH`] messages after the first [`FINE_SETTLE`], and keeps them where they moved
+//! more than [`WIN`] times the last batch of whole messages (over 20 connections capped at
+//! 1 Gbit/s each, 1 MiB messages two in flight moved 815 MB/s over `tcp;ofi_rxm` and 916
+//! over `tcp`, where whole messages had kept it at 387 and 432, 2-core machine). Each try
+//! that loses doubles the wait for the next, up to [`LAST_PROBE`]. Pieces that each move
+//! the floor rate no longer bring whole messages back by themselves: a try of whole
+//! messages after [`first_probe`] messages in pieces does, then after twice as many each
+//! time the try loses, which one batch slower than the floor or than the pieces' last
+//! batch (by [`WIN`]) does, or fewer of its messages where they alone took longer than the
+//! batch may.
 
 use parking_lot::Mutex;
 
@@ -98,6 +111,35 @@ pub fn first_probe(flows: usize) -> u32 {
 /// The longest wait between tries of whole messages (see [`FIRST_PROBE`]).
 pub const LAST_PROBE: u32 = 1 << 16;
 
+/// Whole messages a comm of several flows sends before it first tries pieces over all of
+/// them (doubled each time the try loses, up to [`LAST_PROBE`]; see [`Pace::learn`]). Where
+/// the network caps each connection at more than the floor rate (clouds cap each flow at
+/// several Gbit/s), whole messages look fast by the floor, and only such a try shows that
+/// pieces over every flow move more.
+pub const FIRST_FINE_PROBE: u32 = 32;
+
+/// Whole messages moving less than this (Mbit/s) count towards a try of pieces: clouds cap
+/// each connection at 5-10 Gbit/s, and one connection the network leaves alone moves more
+/// (13-16 Gbit/s over a veth on the 2-core machine, 23-27 over `lo` on the GPU machine).
+/// Faster whole messages are left alone: there a message in pieces may finish sooner by
+/// itself (several threads copy its pieces at once) while NCCL's transfers as a whole move
+/// less (GPU machine, all_reduce 1 MiB-1 GiB: 0.84x on average with tries at any rate).
+pub const TRY_PIECES_BELOW_MBPS: u64 = 10_000;
+
+/// Messages in pieces a try lets pass before it meters any: the first ones make the flows'
+/// connections, or were posted whole.
+pub const FINE_SETTLE: u32 = 4;
+
+/// Messages in pieces metered together, by the bytes they moved over the time they took (each
+/// from when it was posted or the one before it finished, whichever is later).
+pub const FINE_BATCH: u32 = 8;
+
+/// How much more pieces must move than whole messages for a comm to keep them: a try of
+/// pieces wins at more than `WIN.0 / WIN.1` times the whole messages' rate, and a try of
+/// whole messages loses at less than `WIN.1 / WIN.0` times the pieces' (whole messages cost
+/// less CPU and memory where both move alike).
+pub const WIN: (u64, u64) = (5, 4);
+
 /// Microseconds since the first call: the clock paced sends are timed by.
 pub fn now_us() -> u64 {
     static START: std::sync::OnceLock<std::time::Instant> = std::sync::OnceLock::new();
@@ -129,11 +171,42 @@ impl Cut {
     }
 }
 
+/// Why a comm changed how it cuts, or kept it after a try (see [`Pace::learn`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Why {
+    /// Its messages moved less than the floor rate: finely.
+    Slow,
+    /// Its pieces moved more than the floor rate again: coarsely (comms that cut coarsely
+    /// while fast).
+    Fast,
+    /// A try of the other cut, after a while in this one.
+    Try,
+    /// A try of whole messages moved less than the floor rate, or than the comm's pieces had
+    /// (by [`WIN`]): finely again.
+    WholeMovedLess,
+    /// A try of pieces moved more than whole messages had (by [`WIN`]): it keeps them (the
+    /// cut does not change).
+    PiecesMovedMore,
+    /// A try of pieces moved no more than whole messages had (by [`WIN`]): whole again.
+    PiecesMovedNoMore,
+}
+
+/// What [`Pace::learn`] reports: the cut now and why, and for the verdict of a try of
+/// pieces, the pieces' and the whole messages' rates (bytes per second).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Change {
+    pub cut: Cut,
+    pub why: Why,
+    pub rates: Option<(u64, u64)>,
+}
+
 /// A send that teaches its comm how fast its flows move: its largest piece, or the whole
-/// message, and when it was posted and seen done (`now_us`).
+/// message (`bytes`), the message's length (`len`), and when it was posted and seen done
+/// (`now_us`).
 #[derive(Debug, Clone, Copy)]
 pub struct Sample {
     pub bytes: usize,
+    pub len: usize,
     pub whole: bool,
     pub posted_us: u64,
     pub done_us: u64,
@@ -171,6 +244,22 @@ struct State {
     probe_after: u32,
     /// It sends whole messages again as a try, not yet proved fast.
     probing: bool,
+    /// The last rates (bytes per second) of a batch of whole messages and of pieces (0: none
+    /// yet).
+    whole_rate: u64,
+    fine_rate: u64,
+    /// The messages in pieces of the batch so far (as `batch`), and when the last metered
+    /// one was seen done.
+    fine_batch: (u32, u64, u64),
+    fine_done_us: u64,
+    /// Messages in pieces still to pass before the meter counts them ([`FINE_SETTLE`]).
+    settle: u32,
+    /// Whole messages learned from since it last began to send them, and after how many it
+    /// tries pieces (see [`FIRST_FINE_PROBE`]).
+    whole_for: u32,
+    fine_probe_after: u32,
+    /// It cuts finely as a try, not yet proved to move more.
+    trying_fine: bool,
 }
 
 impl Pace {
@@ -208,6 +297,14 @@ impl Pace {
                 fine_for: 0,
                 probe_after: first_probe,
                 probing: false,
+                whole_rate: 0,
+                fine_rate: 0,
+                fine_batch: (0, 0, 0),
+                fine_done_us: 0,
+                settle: 0,
+                whole_for: 0,
+                fine_probe_after: FIRST_FINE_PROBE,
+                trying_fine: false,
             }),
         }
     }
@@ -255,13 +352,26 @@ impl Pace {
         }
     }
 
-    /// Learns from a send seen done. `Some(cut)` when the comm changes how it cuts.
-    pub fn learn(&self, sample: Sample) -> Option<Cut> {
+    /// Learns from a send seen done: `Some(change)` when the comm changes how it cuts, or
+    /// when a try of pieces proved that they move more (the cut stays).
+    ///
+    /// Whole messages are judged in batches against the floor rate. A comm that sends them
+    /// (one of several flows) also tries pieces over all its flows once it has sent
+    /// [`FIRST_FINE_PROBE`] whole, then less often each time the try loses: pieces metered
+    /// at more than [`WIN`] times the last batch of whole messages keep it cutting finely.
+    /// One that cuts finely tries whole messages after [`first_probe`] messages in pieces;
+    /// they lose where slower than the floor or than its pieces (by [`WIN`]).
+    pub fn learn(&self, sample: Sample) -> Option<Change> {
         if !self.adapts() {
             return None;
         }
         let mut s = self.state.lock();
-        let (bytes, micros, run) = match sample.whole {
+        if !sample.whole && self.fast == Cut::Whole && s.cut == Cut::Fine {
+            if let Some(change) = self.meter_fine(&mut s, sample) {
+                return Some(change);
+            }
+        }
+        let (bytes, micros, run, n) = match sample.whole {
             true => {
                 let start = sample.posted_us.max(s.whole_done_us);
                 s.whole_done_us = sample.done_us;
@@ -269,9 +379,9 @@ impl Pace {
                 let (n, bytes) = (n + 1, bytes + sample.bytes as u64);
                 let micros = micros + sample.done_us.saturating_sub(start);
                 // A try whose messages so far took longer than the whole batch may at the
-                // floor rate ends now: the rest cannot make it fast.
+                // rate it must reach ends now: the rest cannot make it fast.
                 let hopeless = s.probing
-                    && u128::from(micros) * u128::from(self.floor)
+                    && u128::from(micros) * u128::from(self.bar(&s))
                         > u128::from(bytes) * u128::from(WHOLE_BATCH) * 1_000_000 / u128::from(n);
                 if n < WHOLE_BATCH && !hopeless {
                     s.batch = (n, bytes, micros);
@@ -279,44 +389,135 @@ impl Pace {
                 }
                 s.batch = (0, 0, 0);
                 // A try has the comm's slow history behind it: one slow batch ends it.
-                (bytes, micros, if s.probing { 1 } else { WHOLE_RUN })
+                let run = if s.probing { 1 } else { WHOLE_RUN };
+                (bytes, micros, run, n)
             }
             false => (
                 sample.bytes as u64,
                 sample.done_us.saturating_sub(sample.posted_us),
                 TO_FINE,
+                1,
             ),
         };
-        let slow = bytes.saturating_mul(1_000_000) / micros.max(1) < self.floor;
+        let rate = bytes.saturating_mul(1_000_000) / micros.max(1);
+        if sample.whole {
+            s.whole_rate = rate;
+        }
+        let bar = match sample.whole {
+            true => self.bar(&s),
+            false => self.floor,
+        };
+        let slow = rate < bar;
         if let Some(cut) = self.judge(&mut s, slow, run) {
+            let why = match (cut, s.probing) {
+                (Cut::Fine, true) => Why::WholeMovedLess,
+                (Cut::Fine, false) => Why::Slow,
+                _ => Why::Fast,
+            };
             if cut == Cut::Fine && s.probing {
                 s.probe_after = s.probe_after.saturating_mul(2).min(LAST_PROBE);
             }
             s.probing = false;
-            return Some(cut);
+            return Some(Change::to(cut, why));
         }
         match s.cut {
-            Cut::Fine if self.fast == Cut::Whole => {
+            Cut::Fine if self.fast == Cut::Whole && !s.trying_fine => {
                 s.fine_for += 1;
                 if s.fine_for < s.probe_after {
                     return None;
                 }
                 s.probing = true;
-                Some(Self::change(&mut s, Cut::Whole))
+                Some(Change::to(Self::change(&mut s, Cut::Whole), Why::Try))
             }
             Cut::Whole if sample.whole && !slow => {
+                let fast = rate >= TRY_PIECES_BELOW_MBPS * 1_000_000 / 8;
+                if s.probing {
+                    // Whole messages move as much as pieces did again: pieces are tried
+                    // again after the first wait.
+                    s.fine_probe_after = FIRST_FINE_PROBE;
+                }
                 s.probing = false;
                 s.probe_after = self.first_probe;
-                None
+                if !fast {
+                    s.whole_for = s.whole_for.saturating_add(n);
+                }
+                if s.whole_for < s.fine_probe_after {
+                    return None;
+                }
+                s.trying_fine = true;
+                Some(Change::to(Self::change(&mut s, Cut::Fine), Why::Try))
             }
             _ => None,
         }
     }
 
+    /// The rate below which whole messages are slow: the floor, and for a try of them also
+    /// the comm's pieces' last rate (by [`WIN`]).
+    fn bar(&self, s: &State) -> u64 {
+        match s.probing {
+            true => self.floor.max(s.fine_rate.saturating_mul(WIN.1) / WIN.0),
+            false => self.floor,
+        }
+    }
+
+    /// Meters a message sent in pieces by a comm that sends whole messages while they are
+    /// fast: `Some(change)` with the verdict of a try of pieces.
+    fn meter_fine(&self, s: &mut State, sample: Sample) -> Option<Change> {
+        // Shorter messages go whole where the comm sends whole messages: they tell nothing
+        // of how the two compare.
+        if sample.len <= self.agreed {
+            return None;
+        }
+        let start = sample.posted_us.max(s.fine_done_us);
+        s.fine_done_us = sample.done_us;
+        if s.settle > 0 {
+            s.settle -= 1;
+            return None;
+        }
+        let (n, bytes, micros) = s.fine_batch;
+        let (n, bytes) = (n + 1, bytes + sample.len as u64);
+        let micros = micros + sample.done_us.saturating_sub(start);
+        // A try whose messages so far took longer than the batch may at the rate it must
+        // beat ends now.
+        let beat = s.whole_rate.saturating_mul(WIN.0) / WIN.1;
+        let hopeless = s.trying_fine
+            && u128::from(micros) * u128::from(beat)
+                > u128::from(bytes) * u128::from(FINE_BATCH) * 1_000_000 / u128::from(n);
+        if n < FINE_BATCH && !hopeless {
+            s.fine_batch = (n, bytes, micros);
+            return None;
+        }
+        s.fine_batch = (0, 0, 0);
+        let rate = bytes.saturating_mul(1_000_000) / micros.max(1);
+        s.fine_rate = rate;
+        if !std::mem::take(&mut s.trying_fine) {
+            return None;
+        }
+        let rates = Some((rate, s.whole_rate));
+        if rate > beat {
+            s.fine_probe_after = FIRST_FINE_PROBE;
+            s.probe_after = self.first_probe;
+            return Some(Change {
+                cut: Cut::Fine,
+                why: Why::PiecesMovedMore,
+                rates,
+            });
+        }
+        s.fine_probe_after = s.fine_probe_after.saturating_mul(2).min(LAST_PROBE);
+        Some(Change {
+            cut: Self::change(s, Cut::Whole),
+            why: Why::PiecesMovedNoMore,
+            rates,
+        })
+    }
+
     /// Counts a message against how it cuts now; `Some(cut)` when a run of `run` slow ones
-    /// (or [`TO_COARSE`] fast ones) changes it.
+    /// (or [`TO_COARSE`] fast ones) changes it. A comm that sends whole messages while fast
+    /// leaves pieces only by a try of whole messages: pieces that each move the floor rate
+    /// may still move more together than one flow does whole.
     fn judge(&self, s: &mut State, slow: bool, run: u32) -> Option<Cut> {
-        if slow == (s.cut == Cut::Fine) {
+        let stays = slow == (s.cut == Cut::Fine) || (!slow && self.fast == Cut::Whole);
+        if stays {
             s.against = 0;
             return None;
         }
@@ -339,17 +540,31 @@ impl Pace {
         s.cut = cut;
         s.against = 0;
         s.fine_for = 0;
+        s.whole_for = 0;
         s.batch = (0, 0, 0);
+        s.fine_batch = (0, 0, 0);
+        s.settle = FINE_SETTLE;
         s.changes += 1;
         cut
+    }
+}
+
+impl Change {
+    fn to(cut: Cut, why: Why) -> Self {
+        Change {
+            cut,
+            why,
+            rates: None,
+        }
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::{
-        first_probe, Cut, Pace, Sample, FINE_PIECE, FIRST_PROBE, LAST_PROBE, PROBE_PER_FLOW,
-        TO_COARSE, TO_FINE, WHOLE_BATCH, WHOLE_RUN,
+        first_probe, Change, Cut, Pace, Sample, Why, FINE_BATCH, FINE_PIECE, FINE_SETTLE,
+        FIRST_FINE_PROBE, FIRST_PROBE, LAST_PROBE, PROBE_PER_FLOW, TO_COARSE, TO_FINE,
+        TRY_PIECES_BELOW_MBPS, WHOLE_BATCH, WHOLE_RUN,
     };
     use std::cell::Cell;
     use std::time::Duration;
@@ -380,6 +595,16 @@ mod tests {
         /// Sends `n` messages one after another, each taking what `took` says for its
         /// largest piece (the whole message: piece 0): what the comm said it changed to.
         fn send(&self, n: u32, took: impl Fn(usize) -> Duration) -> Vec<Cut> {
+            self.changes(n, took)
+                .into_iter()
+                .filter(|c| c.why != Why::PiecesMovedMore)
+                .map(|c| c.cut)
+                .collect()
+        }
+
+        /// As [`Comm::send`], with why each change came, and the verdicts of tries that
+        /// kept the cut.
+        fn changes(&self, n: u32, took: impl Fn(usize) -> Duration) -> Vec<Change> {
             (0..n)
                 .filter_map(|_| {
                     let piece = self.pace.piece();
@@ -390,6 +615,7 @@ mod tests {
                     self.clock.set(done_us);
                     self.pace.learn(Sample {
                         bytes,
+                        len: MESSAGE,
                         whole,
                         posted_us,
                         done_us,
@@ -399,13 +625,23 @@ mod tests {
         }
     }
 
-    /// A piece (or the whole message, piece 0) at `mbps`.
+    /// A piece (or the whole message, piece 0) at `mbps`: every connection capped at that
+    /// rate, the pieces of a message each on their own, all at once.
     fn piece_at(mbps: u64) -> impl Fn(usize) -> Duration {
         move |p| match p {
             0 => at(MESSAGE, mbps),
             p => at(p, mbps),
         }
     }
+
+    /// Every message at `mbps`, whole or in pieces: what limits is not a connection's cap
+    /// (NCCL, the CPU, or the link).
+    fn link(mbps: u64) -> impl Fn(usize) -> Duration {
+        move |_| at(MESSAGE, mbps)
+    }
+
+    /// The messages of a try of pieces that pass before it is judged, and those judged.
+    const FINE_TRY: u32 = FINE_SETTLE + FINE_BATCH;
 
     #[test]
     fn a_run_of_slow_messages_cuts_finer_and_a_longer_run_of_fast_ones_coarser() {
@@ -442,19 +678,107 @@ mod tests {
     }
 
     #[test]
-    fn whole_while_fast_until_whole_messages_prove_slow_and_again_once_pieces_are_fast() {
+    fn whole_while_fast_until_whole_messages_prove_slow_and_fast_pieces_alone_change_nothing() {
         let comm = Comm::new(Pace::adaptive(AGREED, 500, true, 8));
         let pace = &comm.pace;
         assert_eq!(pace.piece(), 0, "whole messages while the flows are fast");
-        assert_eq!(comm.send(100, piece_at(5000)), []);
+        assert_eq!(comm.send(FIRST_FINE_PROBE - WHOLE_BATCH, link(5000)), []);
         let to_fine = WHOLE_BATCH * WHOLE_RUN;
         assert_eq!(comm.send(to_fine - 1, piece_at(250)), []);
         assert_eq!(comm.send(1, piece_at(250)), [Cut::Fine]);
         assert_eq!(pace.piece(), FINE_PIECE);
-        assert_eq!(comm.send(TO_COARSE - 1, piece_at(2000)), []);
-        assert_eq!(comm.send(1, piece_at(2000)), [Cut::Whole]);
+        // Pieces each faster than the floor do not bring whole messages back by themselves.
+        assert_eq!(comm.send(2 * TO_COARSE, piece_at(2000)), []);
+        assert_eq!(pace.piece(), FINE_PIECE);
+        // Where pieces move no more than whole messages (the link limits, not each
+        // connection), the try of whole messages after a while keeps them.
+        let rest = first_probe(8) - 2 * TO_COARSE;
+        assert_eq!(comm.send(rest - 1, link(5000)), []);
+        assert_eq!(comm.send(1, link(5000)), [Cut::Whole]);
+        assert_eq!(comm.send(WHOLE_BATCH, link(5000)), []);
         assert_eq!(pace.piece(), 0);
         assert_eq!(pace.changes(), (2, Cut::Whole));
+    }
+
+    #[test]
+    fn a_try_of_pieces_over_connections_capped_above_the_floor_keeps_them() {
+        let flows = 20;
+        let comm = Comm::new(Pace::adaptive(AGREED, 500, true, flows));
+        let pace = &comm.pace;
+        // Every connection capped at 1 Gbit/s: whole messages are fast by the floor.
+        let capped = piece_at(1000);
+        assert_eq!(comm.send(FIRST_FINE_PROBE - 1, &capped), []);
+        assert_eq!(comm.send(1, &capped), [Cut::Fine], "a try of pieces");
+        assert_eq!(comm.send(FINE_TRY - 1, &capped), []);
+        let verdict = comm.changes(1, &capped);
+        assert!(
+            matches!(
+                verdict[..],
+                [Change {
+                    cut: Cut::Fine,
+                    why: Why::PiecesMovedMore,
+                    rates: Some((pieces, whole)),
+                }] if pieces > 4 * whole
+            ),
+            "{verdict:?}"
+        );
+        assert_eq!(pace.piece(), FINE_PIECE);
+        // Tries of whole messages end after one, slower than the pieces moved.
+        let mut wait = first_probe(flows);
+        for _ in 0..3 {
+            assert_eq!(comm.send(wait - 1, &capped), []);
+            assert_eq!(comm.send(1, &capped), [Cut::Whole], "a try after {wait}");
+            let lost = comm.changes(1, &capped);
+            assert!(
+                matches!(
+                    lost[..],
+                    [Change {
+                        cut: Cut::Fine,
+                        why: Why::WholeMovedLess,
+                        ..
+                    }]
+                ),
+                "{lost:?}"
+            );
+            wait *= 2;
+        }
+        assert_eq!(pace.piece(), FINE_PIECE);
+    }
+
+    #[test]
+    fn whole_messages_faster_than_clouds_cap_a_connection_are_never_tried_in_pieces() {
+        let comm = Comm::new(Pace::adaptive(AGREED, 500, true, 8));
+        let (fast, less) = (TRY_PIECES_BELOW_MBPS, TRY_PIECES_BELOW_MBPS - 100);
+        assert_eq!(comm.send(100 * FIRST_FINE_PROBE, link(fast)), []);
+        assert_eq!(comm.send(FIRST_FINE_PROBE - 1, link(less)), []);
+        assert_eq!(comm.send(1, link(less)), [Cut::Fine]);
+    }
+
+    #[test]
+    fn tries_of_pieces_that_move_no_more_come_less_often_each_time() {
+        let comm = Comm::new(Pace::adaptive(AGREED, 500, true, 8));
+        let mut wait = FIRST_FINE_PROBE;
+        for _ in 0..4 {
+            assert_eq!(comm.send(wait - 1, link(5000)), []);
+            assert_eq!(comm.send(1, link(5000)), [Cut::Fine], "a try after {wait}");
+            // Pieces at the whole messages' rate: short of it by WIN, the try ends once
+            // its first seven took longer than eight may.
+            assert_eq!(comm.send(FINE_SETTLE + 6, link(5000)), []);
+            let lost = comm.changes(1, link(5000));
+            assert!(
+                matches!(
+                    lost[..],
+                    [Change {
+                        cut: Cut::Whole,
+                        why: Why::PiecesMovedNoMore,
+                        rates: Some(_),
+                    }]
+                ),
+                "{lost:?}"
+            );
+            wait *= 2;
+        }
+        assert_eq!(comm.pace.piece(), 0);
     }
 
     /// Whole messages sent at `times`: (posted, done) in µs, each of [`MESSAGE`] bytes.
@@ -464,11 +788,13 @@ mod tests {
             .filter_map(|(posted_us, done_us)| {
                 pace.learn(Sample {
                     bytes: MESSAGE,
+                    len: MESSAGE,
                     whole: true,
                     posted_us,
                     done_us,
                 })
             })
+            .map(|c| c.cut)
             .collect()
     }
 
@@ -500,9 +826,10 @@ mod tests {
             }
         });
         assert_eq!(whole_at(&pace, bursts), [Cut::Fine]);
-        // A fast stream with one stall, and idle spells between its messages: still whole.
+        // A fast stream with one stall, and idle spells between its messages: still whole
+        // (short of the first try of pieces).
         let pace = Pace::adaptive(AGREED, 500, true, 8);
-        let stream = (0..64u64).map(|k| {
+        let stream = (0..u64::from(FIRST_FINE_PROBE) - 1).map(|k| {
             let t = 1_000 + k * 1_000_000;
             match k {
                 10 => (t, t + 100_000),
@@ -519,7 +846,8 @@ mod tests {
         let comm = Comm::new(Pace::adaptive(AGREED, 500, true, flows));
         let pace = &comm.pace;
         let to_fine = WHOLE_BATCH * WHOLE_RUN;
-        // Every connection capped at 250 Mbit/s: whole messages and pieces alike are slow.
+        // Every connection capped at 250 Mbit/s: whole messages and pieces alike are slow,
+        // and each try of whole messages ends after one, slower than the pieces had moved.
         let capped = piece_at(250);
         assert_eq!(comm.send(to_fine, &capped), [Cut::Fine]);
         let mut wait = first_probe(flows);
@@ -527,21 +855,28 @@ mod tests {
             assert_eq!(comm.send(wait - 1, &capped), []);
             assert_eq!(comm.send(1, &capped), [Cut::Whole], "a try after {wait}");
             assert_eq!(
-                comm.send(3, &capped),
+                comm.send(1, &capped),
                 [Cut::Fine],
-                "at half the floor, three messages end the try"
+                "one message ends the try"
             );
             wait *= 2;
         }
-        // Uncapped, but pieces slow (NCCL's calls drive the flows), whole messages fast: the
-        // next try stays.
+        // Uncapped, but a message in pieces slow (NCCL's calls drive the flows: it waits on
+        // every flow's turn), whole messages fast: the next try stays, and the tries of
+        // pieces that follow lose, each after a longer wait.
         let by_calls = |p: usize| match p {
             0 => at(MESSAGE, 8000),
-            p => at(p, 250),
+            _ => at(MESSAGE, 250),
         };
         assert_eq!(comm.send(wait - 1, by_calls), []);
         assert_eq!(comm.send(1, by_calls), [Cut::Whole]);
-        assert_eq!(comm.send(1000, by_calls), []);
+        let tries: Vec<(Cut, Why)> = comm
+            .changes(1000, by_calls)
+            .iter()
+            .map(|c| (c.cut, c.why))
+            .collect();
+        let lost = [(Cut::Fine, Why::Try), (Cut::Whole, Why::PiecesMovedNoMore)];
+        assert_eq!(tries, lost.repeat(4), "tries after 32, 64, 128 and 256");
         assert_eq!(pace.piece(), 0);
         // Pushed to fine pieces again, it tries whole ones after the first wait once more.
         assert_eq!(comm.send(to_fine, &capped), [Cut::Fine]);
@@ -554,20 +889,21 @@ mod tests {
         let flows = 4;
         let comm = Comm::new(Pace::adaptive(AGREED, 500, true, flows));
         let to_fine = WHOLE_BATCH * WHOLE_RUN;
-        assert_eq!(comm.send(to_fine, piece_at(100)), [Cut::Fine]);
-        assert_eq!(comm.send(first_probe(flows) - 1, piece_at(100)), []);
-        assert_eq!(comm.send(1, piece_at(100)), [Cut::Whole]);
+        // Pieces no faster than whole messages: a try must reach the floor.
+        assert_eq!(comm.send(to_fine, link(100)), [Cut::Fine]);
+        assert_eq!(comm.send(first_probe(flows) - 1, link(100)), []);
+        assert_eq!(comm.send(1, link(100)), [Cut::Whole]);
         // At a fifth of the floor, one whole message takes longer than four may.
-        assert_eq!(comm.send(1, piece_at(100)), [Cut::Fine], "ended after one");
+        assert_eq!(comm.send(1, link(100)), [Cut::Fine], "ended after one");
         // At half the floor, the third message is past four at the floor.
-        assert_eq!(comm.send(2 * first_probe(flows) - 1, piece_at(250)), []);
+        assert_eq!(comm.send(2 * first_probe(flows) - 1, link(250)), []);
+        assert_eq!(comm.send(1, link(250)), [Cut::Whole]);
+        assert_eq!(comm.send(2, link(250)), []);
+        assert_eq!(comm.send(1, link(250)), [Cut::Fine], "ended after three");
+        // Pieces that moved more together raise the bar: the next try ends after one.
+        assert_eq!(comm.send(4 * first_probe(flows) - 1, piece_at(250)), []);
         assert_eq!(comm.send(1, piece_at(250)), [Cut::Whole]);
-        assert_eq!(comm.send(2, piece_at(250)), []);
-        assert_eq!(
-            comm.send(1, piece_at(250)),
-            [Cut::Fine],
-            "ended after three"
-        );
+        assert_eq!(comm.send(1, piece_at(250)), [Cut::Fine], "ended after one");
         // The first whole messages, not a try, are judged in whole batches.
         let comm = Comm::new(Pace::adaptive(AGREED, 500, true, flows));
         assert_eq!(comm.send(to_fine - 1, piece_at(100)), []);

@@ -362,8 +362,8 @@ fn open_devices(
                     ),
                     (n, _) if settings.pieces_auto => format!(
                         "over {n} flows per comm (NCCL_FABRIC_FLOWS), once whole messages on \
-                         the first flow prove slower than {} Mbit/s: fast flows move more \
-                         whole",
+                         the first flow prove slower than {} Mbit/s, or than pieces over all \
+                         flows (tried now and then): fast flows move more whole",
                         crate::sizing::FLOW_MBPS
                     ),
                     (n, _) => format!("over {n} flows per comm (NCCL_FABRIC_FLOWS)"),

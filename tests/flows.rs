@@ -815,6 +815,70 @@ fn a_comm_sends_whole_until_its_first_flow_proves_slow() {
     }
 }
 
+/// A per-connection cap above the floor rate (clouds cap each flow at several Gbit/s).
+const ABOVE_FLOOR_MBIT: u32 = 1000;
+
+/// The same steps, their comm's first flow capped at [`ABOVE_FLOOR_MBIT`], each driver of
+/// [`capped_drivers`]: whole messages there are fast by the floor rate, so only a
+/// try of pieces over every flow (after [`FIRST_FINE_PROBE`] whole ones) shows that they move
+/// more; the comm keeps them, and the rest of the stream goes over the other flows. The
+/// first try moved 3.6-6 times the whole messages on the 2-core machine, and the stream
+/// leaves room for three (each after twice as many whole messages as the one before), so a
+/// try the machine's load spoiled does not fail the test.
+///
+/// [`FIRST_FINE_PROBE`]: nccl_net_fabric::pace::FIRST_FINE_PROBE
+#[test]
+fn a_comm_whose_first_flow_is_capped_above_the_floor_keeps_pieces_once_tried() {
+    if !hosts_or_skip() {
+        return;
+    }
+    let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    let steps = 6 * STEPS;
+    let stream = format!("stream:{steps}:{STEP}:2");
+    let kept = "moved more than whole messages on its first flow";
+    for (p, threads) in striping_providers()
+        .into_iter()
+        .flat_map(|p| capped_drivers(p).iter().map(move |&d| (p, d)))
+    {
+        let driver = [("NCCL_FABRIC_PROGRESS_THREAD", threads)];
+        let ([a, b], (first, carried)) = run_pair(
+            &Hosts::new(2),
+            p,
+            &driver,
+            Prime::No,
+            &stream,
+            |hosts, flows| hosts.cap_flows(0, flows, &[ABOVE_FLOOR_MBIT]),
+            |hosts, flows| {
+                let carried = data_connections(hosts).len();
+                (sent_since(hosts, flows)[0], carried)
+            },
+        );
+        eprintln!(
+            "{p}: {steps} messages of {STEP} bytes, 2 in flight, {} flows, progress threads \
+             {threads}, the first capped at {ABOVE_FLOOR_MBIT} Mbit/s: {} MB/s; the first flow \
+             carried {first} bytes, {carried} connections carried data",
+            veth_flows(),
+            b.result("mb_per_s").unwrap(),
+        );
+        assert!(
+            a.stderr.contains(kept) && !a.stderr.contains(FINER),
+            "over {p}, progress threads {threads}: the comm kept pieces once tried, not \
+             for a slow first flow: {}",
+            a.stderr
+        );
+        assert_eq!(
+            carried,
+            veth_flows(),
+            "over {p}, progress threads {threads}: every flow carried pieces"
+        );
+        assert!(
+            (first as usize) < steps * STEP / 2,
+            "over {p}, progress threads {threads}: the capped first flow carried {first} bytes \
+             of the stream"
+        );
+    }
+}
+
 /// A comm that NCCL's calls drive, pushed into fine pieces (primed: its first flow capped
 /// while it streams), tries whole messages again once it has sent [`first_probe`] messages
 /// in pieces, and keeps them on a link that no longer caps anything: there its pieces look

@@ -40,7 +40,7 @@ use crate::handshake::Identity;
 use crate::lane::{IdLease, Lane};
 use crate::op::Op;
 use crate::opaque;
-use crate::pace::{Cut, Pace};
+use crate::pace::{Change, Cut, Pace, Why};
 use crate::sys;
 use crate::tags::MAX_PIECES;
 use parking_lot::Mutex;
@@ -287,6 +287,7 @@ impl Comm {
                 straggling_since: AtomicU64::new(0),
                 paced: AtomicUsize::new(0),
                 paced_whole: AtomicBool::new(false),
+                paced_len: AtomicUsize::new(0),
                 posted_at_us: AtomicU64::new(0),
             })
             .collect();
@@ -375,30 +376,54 @@ impl Comm {
         }
     }
 
-    /// Its pace changed to `cut`. The first change to each cut in a process is logged at
-    /// INFO, the rest at DEBUG.
-    fn paced(&self, cut: Cut) {
-        static SAID: [AtomicBool; 3] = [const { AtomicBool::new(false) }; 3];
+    /// Its pace changed, or a try kept it (see `Pace::learn`). The first of each reason in a
+    /// process is logged at INFO, the rest at DEBUG.
+    fn paced(&self, change: Change) {
+        static SAID: [AtomicBool; 6] = [const { AtomicBool::new(false) }; 6];
         let mbps = crate::sizing::FLOW_MBPS;
-        let what = match cut {
-            Cut::Fine => format!(
+        let fine = crate::pace::FINE_PIECE;
+        let (most, flows) = (self.most, self.wires.len());
+        let times = |(pieces, whole): (u64, u64)| {
+            format!(
+                "{:.0} against {:.0} MB/s",
+                pieces as f64 / 1e6,
+                whole as f64 / 1e6
+            )
+        };
+        let what = match (change.why, change.cut) {
+            (Why::Slow, _) => format!(
                 "its flows move less than {mbps} Mbit/s each (as where a network caps each \
-                 connection): messages over {} bytes now go in up to {} pieces of {} bytes at \
-                 least",
-                crate::pace::FINE_PIECE,
-                self.most,
-                crate::pace::FINE_PIECE
+                 connection): messages over {fine} bytes now go in up to {most} pieces of \
+                 {fine} bytes at least"
             ),
-            Cut::Coarse => format!(
+            (Why::Fast, _) => format!(
                 "its flows move faster than {mbps} Mbit/s each again: pieces of {} bytes at least",
                 self.piece()
             ),
-            Cut::Whole => format!(
-                "whole messages on its first flow again, while they move {mbps} Mbit/s or \
-                 more (its pieces moved faster, or it tries them after a while in pieces)"
+            (Why::Try, Cut::Fine) => format!(
+                "tries messages in up to {most} pieces of {fine} bytes over its {flows} flows, \
+                 to learn whether they move more than whole ones on its first flow (they do \
+                 where a network caps each connection, also above {mbps} Mbit/s)"
+            ),
+            (Why::Try, _) => {
+                "whole messages on its first flow again, as a try after a while in pieces".into()
+            }
+            (Why::WholeMovedLess, _) => format!(
+                "whole messages moved less than {mbps} Mbit/s or than its pieces had: pieces \
+                 again, trying whole messages later than before"
+            ),
+            (Why::PiecesMovedMore, _) => format!(
+                "its pieces over {flows} flows moved more than whole messages on its first \
+                 flow ({}: the network seems to cap each connection): it keeps cutting them",
+                change.rates.map_or_else(String::new, times)
+            ),
+            (Why::PiecesMovedNoMore, _) => format!(
+                "whole messages on its first flow again: its pieces over {flows} flows moved \
+                 no more ({}); it tries them again later than before",
+                change.rates.map_or_else(String::new, times)
             ),
         };
-        match !SAID[cut as usize].swap(true, Ordering::Relaxed) {
+        match !SAID[change.why as usize].swap(true, Ordering::Relaxed) {
             true => tracing::info!("send comm {}: {what}", self.peer_text()),
             false => tracing::debug!("send comm {}: {what}", self.peer_text()),
         }

@@ -295,6 +295,7 @@ impl Comm {
         req.paced.store(paced, Ordering::Relaxed);
         req.paced_whole.store(whole, Ordering::Relaxed);
         if paced > 0 {
+            req.paced_len.store(bufs[0].len, Ordering::Relaxed);
             req.posted_at_us
                 .store(crate::pace::now_us(), Ordering::Relaxed);
         }

@@ -41,6 +41,8 @@ pub struct Request {
     pub(super) paced: AtomicUsize,
     /// Those bytes are the whole message, sent on the first flow.
     pub(super) paced_whole: AtomicBool,
+    /// The message's length, if it is paced.
+    pub(super) paced_len: AtomicUsize,
     /// When it was posted (`pace::now_us`), if it is paced.
     pub(super) posted_at_us: AtomicU64,
 }
@@ -191,12 +193,13 @@ impl Request {
         }
         let sample = crate::pace::Sample {
             bytes: piece,
+            len: self.paced_len.load(Ordering::Relaxed),
             whole: self.paced_whole.load(Ordering::Relaxed),
             posted_us: self.posted_at_us.load(Ordering::Relaxed),
             done_us: crate::pace::now_us(),
         };
-        if let Some(cut) = comm.pace.learn(sample) {
-            comm.paced(cut);
+        if let Some(change) = comm.pace.learn(sample) {
+            comm.paced(change);
         }
     }
 

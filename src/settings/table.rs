@@ -185,14 +185,18 @@ pub const TABLE: &[Setting] = &[
                   2.1, always do). Unset, a device with one flow per comm that NCCL's calls drive \
                   (no progress threads) sends whole messages too: there pieces cost CPU and \
                   overlap nothing; a comm of several flows sends whole messages on its first \
-                  flow until they prove slow (2 batches of 4 in a row); \
+                  flow until they prove slow (2 batches of 4 in a row), or until a try of \
+                  pieces over all its flows (after 32 whole messages slower than 10 Gbit/s, then \
+                  twice as many after each try that loses) moves more than 1.25 times the whole \
+                  messages (a network that caps each connection, also above 500 Mbit/s); \
                   and a send comm whose messages show its flows moving under 500 Mbit/s each \
                   (8 in a row; a network that caps each connection) cuts them into pieces of \
-                  32768 bytes at least, as many as the flows allow, until 64 in a row move \
-                  faster (then it cuts as before, or sends whole messages again); one that sent \
+                  32768 bytes at least, as many as the flows allow (one that cut coarsely \
+                  before does so again once 64 in a row move faster); one that sent \
                   whole messages tries them again after 64 messages in pieces per flow (256 at least), then after twice \
-                  as many each time they prove slow (one batch of 4, or fewer messages where they \
-                  already took longer than 4 may)",
+                  as many each time they prove slow (one batch of 4 slower than 500 Mbit/s or \
+                  than 0.8 times the pieces, or fewer messages where they already took longer \
+                  than 4 may)",
     },
     Setting {
         name: TIMES,
