@@ -39,13 +39,13 @@
 //! A comm that sends whole messages while fast decides between the two by tries, since the
 //! floor alone cannot tell: where the network caps each connection above it (clouds cap each
 //! flow at 5-10 Gbit/s), whole messages look fast by the floor and move one connection's
-//! worth. After [`FIRST_FINE_PROBE`] whole messages slower than [`TRY_PIECES_BELOW_MBPS`]
-//! (faster ones are left alone) it tries pieces, meters
-//! [`FINE_BATCH`] messages after the first [`FINE_SETTLE`], and keeps them where they moved
-//! more than [`WIN`] times the last batch of whole messages (over 20 connections capped at
-//! 1 Gbit/s each, 1 MiB messages two in flight moved 815 MB/s over `tcp;ofi_rxm` and 916
-//! over `tcp`, where whole messages had kept it at 387 and 432, 2-core machine). Each try
-//! that loses doubles the wait for the next, up to [`LAST_PROBE`]. Pieces that each move
+//! worth. After [`FIRST_FINE_PROBE`] whole messages in a row slower than
+//! [`TRY_PIECES_BELOW_MBPS`] (a faster batch starts the count again) it tries pieces,
+//! meters [`FINE_BATCH`] messages after the first [`FINE_SETTLE`], and keeps them where they
+//! moved more than [`WIN`] times the best of those whole batches (over 20 connections capped
+//! at 1 Gbit/s each, 1 MiB messages two in flight moved 691-861 MB/s over `tcp;ofi_rxm` and
+//! 848-1029 over `tcp`, where whole messages had kept it at 387 and 432, 2-core machine).
+//! Each try that loses doubles the wait for the next, up to [`LAST_PROBE`]. Pieces that each move
 //! the floor rate no longer bring whole messages back by themselves: a try of whole
 //! messages after [`first_probe`] messages in pieces does, then after twice as many each
 //! time the try loses, which one batch slower than the floor or than the pieces' last
@@ -118,12 +118,13 @@ pub const LAST_PROBE: u32 = 1 << 16;
 /// pieces over every flow move more.
 pub const FIRST_FINE_PROBE: u32 = 32;
 
-/// Whole messages moving less than this (Mbit/s) count towards a try of pieces: clouds cap
+/// Whole messages moving less than this (Mbit/s), in a row, lead to a try of pieces: clouds cap
 /// each connection at 5-10 Gbit/s, and one connection the network leaves alone moves more
 /// (13-16 Gbit/s over a veth on the 2-core machine, 23-27 over `lo` on the GPU machine).
 /// Faster whole messages are left alone: there a message in pieces may finish sooner by
 /// itself (several threads copy its pieces at once) while NCCL's transfers as a whole move
-/// less (GPU machine, all_reduce 1 MiB-1 GiB: 0.84x on average with tries at any rate).
+/// less (GPU machine, all_reduce 1 MiB-1 GiB: 0.84x on average with tries at any rate; and
+/// one batch that stalled, followed by a try that beat it, took 512 MiB from 78 to 142 ms).
 pub const TRY_PIECES_BELOW_MBPS: u64 = 10_000;
 
 /// Messages in pieces a try lets pass before it meters any: the first ones make the flows'
@@ -244,9 +245,9 @@ struct State {
     probe_after: u32,
     /// It sends whole messages again as a try, not yet proved fast.
     probing: bool,
-    /// The last rates (bytes per second) of a batch of whole messages and of pieces (0: none
-    /// yet).
-    whole_rate: u64,
+    /// The best rate (bytes per second) of the batches of whole messages counted towards a
+    /// try of pieces, and the last rate of a batch of pieces (0: none yet).
+    whole_best: u64,
     fine_rate: u64,
     /// The messages in pieces of the batch so far (as `batch`), and when the last metered
     /// one was seen done.
@@ -297,7 +298,7 @@ impl Pace {
                 fine_for: 0,
                 probe_after: first_probe,
                 probing: false,
-                whole_rate: 0,
+                whole_best: 0,
                 fine_rate: 0,
                 fine_batch: (0, 0, 0),
                 fine_done_us: 0,
@@ -357,8 +358,9 @@ impl Pace {
     ///
     /// Whole messages are judged in batches against the floor rate. A comm that sends them
     /// (one of several flows) also tries pieces over all its flows once it has sent
-    /// [`FIRST_FINE_PROBE`] whole, then less often each time the try loses: pieces metered
-    /// at more than [`WIN`] times the last batch of whole messages keep it cutting finely.
+    /// [`FIRST_FINE_PROBE`] whole in a row slower than [`TRY_PIECES_BELOW_MBPS`], then less
+    /// often each time the try loses: pieces metered at more than [`WIN`] times the best of
+    /// those batches keep it cutting finely.
     /// One that cuts finely tries whole messages after [`first_probe`] messages in pieces;
     /// they lose where slower than the floor or than its pieces (by [`WIN`]).
     pub fn learn(&self, sample: Sample) -> Option<Change> {
@@ -400,9 +402,6 @@ impl Pace {
             ),
         };
         let rate = bytes.saturating_mul(1_000_000) / micros.max(1);
-        if sample.whole {
-            s.whole_rate = rate;
-        }
         let bar = match sample.whole {
             true => self.bar(&s),
             false => self.floor,
@@ -438,8 +437,14 @@ impl Pace {
                 }
                 s.probing = false;
                 s.probe_after = self.first_probe;
-                if !fast {
-                    s.whole_for = s.whole_for.saturating_add(n);
+                // Only a run of such batches leads to a try: one that stalled among fast
+                // ones says nothing of a cap.
+                match fast {
+                    true => (s.whole_for, s.whole_best) = (0, 0),
+                    false => {
+                        s.whole_for = s.whole_for.saturating_add(n);
+                        s.whole_best = s.whole_best.max(rate);
+                    }
                 }
                 if s.whole_for < s.fine_probe_after {
                     return None;
@@ -479,7 +484,7 @@ impl Pace {
         let micros = micros + sample.done_us.saturating_sub(start);
         // A try whose messages so far took longer than the batch may at the rate it must
         // beat ends now.
-        let beat = s.whole_rate.saturating_mul(WIN.0) / WIN.1;
+        let beat = s.whole_best.saturating_mul(WIN.0) / WIN.1;
         let hopeless = s.trying_fine
             && u128::from(micros) * u128::from(beat)
                 > u128::from(bytes) * u128::from(FINE_BATCH) * 1_000_000 / u128::from(n);
@@ -493,7 +498,7 @@ impl Pace {
         if !std::mem::take(&mut s.trying_fine) {
             return None;
         }
-        let rates = Some((rate, s.whole_rate));
+        let rates = Some((rate, s.whole_best));
         if rate > beat {
             s.fine_probe_after = FIRST_FINE_PROBE;
             s.probe_after = self.first_probe;
@@ -541,6 +546,10 @@ impl Pace {
         s.against = 0;
         s.fine_for = 0;
         s.whole_for = 0;
+        if cut == Cut::Whole {
+            // A new run of whole messages; a try of pieces keeps the run's best to beat.
+            s.whole_best = 0;
+        }
         s.batch = (0, 0, 0);
         s.fine_batch = (0, 0, 0);
         s.settle = FINE_SETTLE;
@@ -750,8 +759,37 @@ mod tests {
         let comm = Comm::new(Pace::adaptive(AGREED, 500, true, 8));
         let (fast, less) = (TRY_PIECES_BELOW_MBPS, TRY_PIECES_BELOW_MBPS - 100);
         assert_eq!(comm.send(100 * FIRST_FINE_PROBE, link(fast)), []);
+        // Slower batches lead to a try only in a run: one fast batch starts it again.
+        for _ in 0..10 {
+            assert_eq!(comm.send(FIRST_FINE_PROBE - WHOLE_BATCH, link(less)), []);
+            assert_eq!(comm.send(WHOLE_BATCH, link(fast)), []);
+        }
         assert_eq!(comm.send(FIRST_FINE_PROBE - 1, link(less)), []);
         assert_eq!(comm.send(1, link(less)), [Cut::Fine]);
+    }
+
+    #[test]
+    fn a_try_of_pieces_must_beat_the_best_whole_batch_before_it() {
+        let comm = Comm::new(Pace::adaptive(AGREED, 500, true, 8));
+        // Whole messages at 5 Gbit/s, but the last batch before the try stalled to 1: pieces
+        // at 4 Gbit/s beat the stall, not the run.
+        assert_eq!(comm.send(FIRST_FINE_PROBE - WHOLE_BATCH, link(5000)), []);
+        assert_eq!(comm.send(WHOLE_BATCH, link(1000)), [Cut::Fine]);
+        // Short of the run's best by WIN, it ends once its first six took longer than eight
+        // may.
+        assert_eq!(comm.send(FINE_SETTLE + 5, link(4000)), []);
+        let lost = comm.changes(1, link(4000));
+        assert!(
+            matches!(
+                lost[..],
+                [Change {
+                    cut: Cut::Whole,
+                    why: Why::PiecesMovedNoMore,
+                    rates: Some((pieces, whole)),
+                }] if whole > pieces
+            ),
+            "{lost:?}"
+        );
     }
 
     #[test]
