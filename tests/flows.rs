@@ -739,6 +739,31 @@ fn capped_drivers(p: &str) -> &'static [&'static str] {
     }
 }
 
+/// Each striping provider with each driver of [`capped_drivers`].
+fn providers_and_capped_drivers() -> Vec<(&'static str, &'static str)> {
+    striping_providers()
+        .into_iter()
+        .flat_map(|p| capped_drivers(p).iter().map(move |&d| (p, d)))
+        .collect()
+}
+
+/// What the first of `flows` sent since they were listed, and how many of host 0's
+/// connections carried data by now.
+fn first_flow_and_carriers(hosts: &Hosts, flows: &[Connection]) -> (u64, usize) {
+    let carried = data_connections(hosts).len();
+    (sent_since(hosts, flows)[0], carried)
+}
+
+/// That every flow carried pieces, and the first (capped) less than half of a stream of
+/// `bytes` (see [`first_flow_and_carriers`]).
+fn pieces_left_the_first_flow((first, carried): (u64, usize), bytes: usize, what: &str) {
+    assert_eq!(carried, veth_flows(), "{what}: every flow carried pieces");
+    assert!(
+        (first as usize) < bytes / 2,
+        "{what}: the capped first flow carried {first} bytes of the stream"
+    );
+}
+
 /// NCCL's steps (512 KiB). A comm the steps are cut in.
 const STEP: usize = 512 << 10;
 /// The steps a stream of the pace tests sends.
@@ -759,10 +784,7 @@ fn a_comm_sends_whole_until_its_first_flow_proves_slow() {
     let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
     let stream = format!("stream:{STEPS}:{STEP}:2");
     let whole = "once whole messages on the first flow prove slower than 500 Mbit/s";
-    for (p, threads) in striping_providers()
-        .into_iter()
-        .flat_map(|p| capped_drivers(p).iter().map(move |&d| (p, d)))
-    {
+    for (p, threads) in providers_and_capped_drivers() {
         let driver = [("NCCL_FABRIC_PROGRESS_THREAD", threads)];
         let ([a, b], (first, carried)) = run_pair(
             &Hosts::new(2),
@@ -778,10 +800,7 @@ fn a_comm_sends_whole_until_its_first_flow_proves_slow() {
                 );
                 hosts.cap_flows(0, flows, &[CAP_MBIT]);
             },
-            |hosts, flows| {
-                let carried = data_connections(hosts).len();
-                (sent_since(hosts, flows)[0], carried)
-            },
+            first_flow_and_carriers,
         );
         assert!(
             a.stderr.contains(whole),
@@ -802,15 +821,10 @@ fn a_comm_sends_whole_until_its_first_flow_proves_slow() {
             "over {p}, progress threads {threads}: the comm says it cuts finer: {}",
             a.stderr
         );
-        assert_eq!(
-            carried,
-            veth_flows(),
-            "over {p}, progress threads {threads}: every flow carried pieces"
-        );
-        assert!(
-            (first as usize) < STEPS * STEP / 2,
-            "over {p}, progress threads {threads}: the capped first flow carried {first} bytes \
-             of the stream"
+        pieces_left_the_first_flow(
+            (first, carried),
+            STEPS * STEP,
+            &format!("over {p}, progress threads {threads}"),
         );
     }
 }
@@ -836,10 +850,7 @@ fn a_comm_whose_first_flow_is_capped_above_the_floor_keeps_pieces_once_tried() {
     let steps = 6 * STEPS;
     let stream = format!("stream:{steps}:{STEP}:2");
     let kept = "moved more than whole messages on its first flow";
-    for (p, threads) in striping_providers()
-        .into_iter()
-        .flat_map(|p| capped_drivers(p).iter().map(move |&d| (p, d)))
-    {
+    for (p, threads) in providers_and_capped_drivers() {
         let driver = [("NCCL_FABRIC_PROGRESS_THREAD", threads)];
         let ([a, b], (first, carried)) = run_pair(
             &Hosts::new(2),
@@ -848,10 +859,7 @@ fn a_comm_whose_first_flow_is_capped_above_the_floor_keeps_pieces_once_tried() {
             Prime::No,
             &stream,
             |hosts, flows| hosts.cap_flows(0, flows, &[ABOVE_FLOOR_MBIT]),
-            |hosts, flows| {
-                let carried = data_connections(hosts).len();
-                (sent_since(hosts, flows)[0], carried)
-            },
+            first_flow_and_carriers,
         );
         eprintln!(
             "{p}: {steps} messages of {STEP} bytes, 2 in flight, {} flows, progress threads \
@@ -866,15 +874,10 @@ fn a_comm_whose_first_flow_is_capped_above_the_floor_keeps_pieces_once_tried() {
              for a slow first flow: {}",
             a.stderr
         );
-        assert_eq!(
-            carried,
-            veth_flows(),
-            "over {p}, progress threads {threads}: every flow carried pieces"
-        );
-        assert!(
-            (first as usize) < steps * STEP / 2,
-            "over {p}, progress threads {threads}: the capped first flow carried {first} bytes \
-             of the stream"
+        pieces_left_the_first_flow(
+            (first, carried),
+            steps * STEP,
+            &format!("over {p}, progress threads {threads}"),
         );
     }
 }
