@@ -43,8 +43,9 @@
 //! [`TRY_PIECES_BELOW_MBPS`] (a faster batch starts the count again) it tries pieces,
 //! meters [`FINE_BATCH`] messages after the first [`FINE_SETTLE`], and keeps them where they
 //! moved more than [`WIN`] times the best of those whole batches (over 20 connections capped
-//! at 1 Gbit/s each, 1 MiB messages two in flight moved 691-861 MB/s over `tcp;ofi_rxm` and
-//! 848-1029 over `tcp`, where whole messages had kept it at 387 and 432, 2-core machine).
+//! at 1 Gbit/s each, 1 MiB messages two in flight moved 461-861 MB/s over `tcp;ofi_rxm` and
+//! 769-1029 over `tcp` in four runs, where whole messages had kept it at 387 and 432, 2-core
+//! machine).
 //! Each try that loses doubles the wait for the next, up to [`LAST_PROBE`]. Pieces that each move
 //! the floor rate no longer bring whole messages back by themselves: a try of whole
 //! messages after [`first_probe`] messages in pieces does, then after twice as many each
