@@ -42,7 +42,7 @@
 //! worth. After [`FIRST_FINE_PROBE`] whole messages in a row slower than
 //! [`TRY_PIECES_BELOW_MBPS`] (a faster batch starts the count again) it tries pieces,
 //! meters [`FINE_BATCH`] messages after the first [`FINE_SETTLE`], and keeps them where they
-//! moved more than [`WIN`] times the best of those whole batches (over 20 connections capped
+//! moved more than [`WIN`] times those whole batches together (over 20 connections capped
 //! at 1 Gbit/s each, 1 MiB messages two in flight moved 461-861 MB/s over `tcp;ofi_rxm` and
 //! 769-1029 over `tcp` in four runs, where whole messages had kept it at 387 and 432, 2-core
 //! machine).
@@ -246,9 +246,10 @@ struct State {
     probe_after: u32,
     /// It sends whole messages again as a try, not yet proved fast.
     probing: bool,
-    /// The best rate (bytes per second) of the batches of whole messages counted towards a
-    /// try of pieces, and the last rate of a batch of pieces (0: none yet).
-    whole_best: u64,
+    /// The bytes and microseconds of the batches of whole messages counted towards a try of
+    /// pieces (see [`Pace::run_rate`]), and the last rate (bytes per second) of a batch of
+    /// pieces (0: none yet).
+    whole_run: (u64, u64),
     fine_rate: u64,
     /// The messages in pieces of the batch so far (as `batch`), and when the last metered
     /// one was seen done.
@@ -299,7 +300,7 @@ impl Pace {
                 fine_for: 0,
                 probe_after: first_probe,
                 probing: false,
-                whole_best: 0,
+                whole_run: (0, 0),
                 fine_rate: 0,
                 fine_batch: (0, 0, 0),
                 fine_done_us: 0,
@@ -360,8 +361,8 @@ impl Pace {
     /// Whole messages are judged in batches against the floor rate. A comm that sends them
     /// (one of several flows) also tries pieces over all its flows once it has sent
     /// [`FIRST_FINE_PROBE`] whole in a row slower than [`TRY_PIECES_BELOW_MBPS`], then less
-    /// often each time the try loses: pieces metered at more than [`WIN`] times the best of
-    /// those batches keep it cutting finely.
+    /// often each time the try loses: pieces metered at more than [`WIN`] times those
+    /// batches together keep it cutting finely.
     /// One that cuts finely tries whole messages after [`first_probe`] messages in pieces;
     /// they lose where slower than the floor or than its pieces (by [`WIN`]).
     pub fn learn(&self, sample: Sample) -> Option<Change> {
@@ -441,10 +442,11 @@ impl Pace {
                 // Only a run of such batches leads to a try: one that stalled among fast
                 // ones says nothing of a cap.
                 match fast {
-                    true => (s.whole_for, s.whole_best) = (0, 0),
+                    true => (s.whole_for, s.whole_run) = (0, (0, 0)),
                     false => {
                         s.whole_for = s.whole_for.saturating_add(n);
-                        s.whole_best = s.whole_best.max(rate);
+                        s.whole_run.0 = s.whole_run.0.saturating_add(bytes);
+                        s.whole_run.1 = s.whole_run.1.saturating_add(micros);
                     }
                 }
                 if s.whole_for < s.fine_probe_after {
@@ -485,7 +487,8 @@ impl Pace {
         let micros = micros + sample.done_us.saturating_sub(start);
         // A try whose messages so far took longer than the batch may at the rate it must
         // beat ends now.
-        let beat = s.whole_best.saturating_mul(WIN.0) / WIN.1;
+        let whole = Self::run_rate(s);
+        let beat = whole.saturating_mul(WIN.0) / WIN.1;
         let hopeless = s.trying_fine
             && u128::from(micros) * u128::from(beat)
                 > u128::from(bytes) * u128::from(FINE_BATCH) * 1_000_000 / u128::from(n);
@@ -499,7 +502,7 @@ impl Pace {
         if !std::mem::take(&mut s.trying_fine) {
             return None;
         }
-        let rates = Some((rate, s.whole_best));
+        let rates = Some((rate, whole));
         if rate > beat {
             s.fine_probe_after = FIRST_FINE_PROBE;
             s.probe_after = self.first_probe;
@@ -515,6 +518,14 @@ impl Pace {
             why: Why::PiecesMovedNoMore,
             rates,
         })
+    }
+
+    /// The rate (bytes per second) of the run of whole messages a try of pieces must beat:
+    /// their bytes over their time, all batches together, so that neither one that stalled
+    /// nor one a rate limiter let through in a burst decides.
+    fn run_rate(s: &State) -> u64 {
+        let (bytes, micros) = s.whole_run;
+        bytes.saturating_mul(1_000_000) / micros.max(1)
     }
 
     /// Counts a message against how it cuts now; `Some(cut)` when a run of `run` slow ones
@@ -548,8 +559,8 @@ impl Pace {
         s.fine_for = 0;
         s.whole_for = 0;
         if cut == Cut::Whole {
-            // A new run of whole messages; a try of pieces keeps the run's best to beat.
-            s.whole_best = 0;
+            // A new run of whole messages; a try of pieces keeps the run to beat.
+            s.whole_run = (0, 0);
         }
         s.batch = (0, 0, 0);
         s.fine_batch = (0, 0, 0);
@@ -762,19 +773,33 @@ mod tests {
     }
 
     #[test]
-    fn a_try_of_pieces_must_beat_the_best_whole_batch_before_it() {
+    fn a_try_of_pieces_must_beat_the_whole_run_before_it() {
+        // Whole messages at 5 Gbit/s, but the last batch before the try stalled to 1: the run
+        // moved 3.3 Gbit/s, and pieces at 3 beat the stall, not the run.
         let comm = Comm::new(Pace::adaptive(AGREED, 500, true, 8));
-        // Whole messages at 5 Gbit/s, but the last batch before the try stalled to 1: pieces
-        // at 4 Gbit/s beat the stall, not the run.
         assert_eq!(comm.send(FIRST_FINE_PROBE - WHOLE_BATCH, link(5000)), []);
         assert_eq!(comm.send(WHOLE_BATCH, link(1000)), [Cut::Fine]);
-        // Short of the run's best by WIN, it ends once its first six took longer than eight
-        // may.
-        assert_eq!(comm.send(FINE_SETTLE + 5, link(4000)), []);
-        let (cut, why, rates) = only(&comm.changes(1, link(4000)));
+        // Short of the run by WIN, it ends once its first six took longer than eight may.
+        assert_eq!(comm.send(FINE_SETTLE + 5, link(3000)), []);
+        let (cut, why, rates) = only(&comm.changes(1, link(3000)));
         assert_eq!((cut, why), (Cut::Whole, Why::PiecesMovedNoMore));
         assert!(
             rates.is_some_and(|(pieces, whole)| whole > pieces),
+            "{rates:?}"
+        );
+        // A first batch a rate limiter let through at 8 Gbit/s, the rest at its 1: the run
+        // moved 1.1 Gbit/s, and pieces at 4 beat it.
+        let comm = Comm::new(Pace::adaptive(AGREED, 500, true, 8));
+        assert_eq!(comm.send(WHOLE_BATCH, link(8000)), []);
+        assert_eq!(
+            comm.send(FIRST_FINE_PROBE - WHOLE_BATCH, link(1000)),
+            [Cut::Fine]
+        );
+        assert_eq!(comm.send(FINE_TRY - 1, link(4000)), []);
+        let (cut, why, rates) = only(&comm.changes(1, link(4000)));
+        assert_eq!((cut, why), (Cut::Fine, Why::PiecesMovedMore));
+        assert!(
+            rates.is_some_and(|(pieces, whole)| pieces > 3 * whole),
             "{rates:?}"
         );
     }
