@@ -235,11 +235,8 @@ struct State {
     against: u32,
     /// Times it changed how it cuts.
     changes: u32,
-    /// When the last timed whole message was seen done (`now_us`).
-    whole_done_us: u64,
-    /// The whole messages of the batch so far: how many, their bytes, the microseconds they
-    /// took (each from its start: a comm that sat idle between them is not slow).
-    batch: (u32, u64, u64),
+    /// The whole messages of the batch so far.
+    batch: Meter,
     /// Messages learned from since it last began to cut finely, and after how many it tries
     /// whole messages again (see [`FIRST_PROBE`]).
     fine_for: u32,
@@ -251,10 +248,8 @@ struct State {
     /// pieces (0: none yet).
     whole_run: (u64, u64),
     fine_rate: u64,
-    /// The messages in pieces of the batch so far (as `batch`), and when the last metered
-    /// one was seen done.
-    fine_batch: (u32, u64, u64),
-    fine_done_us: u64,
+    /// The messages in pieces of the batch so far.
+    fine_batch: Meter,
     /// Messages in pieces still to pass before the meter counts them ([`FINE_SETTLE`]).
     settle: u32,
     /// Whole messages learned from since it last began to send them, and after how many it
@@ -295,15 +290,13 @@ impl Pace {
                 cut: fast,
                 against: 0,
                 changes: 0,
-                whole_done_us: 0,
-                batch: (0, 0, 0),
+                batch: Meter::default(),
                 fine_for: 0,
                 probe_after: first_probe,
                 probing: false,
                 whole_run: (0, 0),
                 fine_rate: 0,
-                fine_batch: (0, 0, 0),
-                fine_done_us: 0,
+                fine_batch: Meter::default(),
                 settle: 0,
                 whole_for: 0,
                 fine_probe_after: FIRST_FINE_PROBE,
@@ -377,21 +370,16 @@ impl Pace {
         }
         let (bytes, micros, run, n) = match sample.whole {
             true => {
-                let start = sample.posted_us.max(s.whole_done_us);
-                s.whole_done_us = sample.done_us;
-                let (n, bytes, micros) = s.batch;
-                let (n, bytes) = (n + 1, bytes + sample.bytes as u64);
-                let micros = micros + sample.done_us.saturating_sub(start);
+                s.batch
+                    .add(sample.bytes as u64, sample.posted_us, sample.done_us);
                 // A try whose messages so far took longer than the whole batch may at the
                 // rate it must reach ends now: the rest cannot make it fast.
-                let hopeless = s.probing
-                    && u128::from(micros) * u128::from(self.bar(&s))
-                        > u128::from(bytes) * u128::from(WHOLE_BATCH) * 1_000_000 / u128::from(n);
-                if n < WHOLE_BATCH && !hopeless {
-                    s.batch = (n, bytes, micros);
+                let bar = self.bar(&s);
+                let hopeless = s.probing && s.batch.past(bar, WHOLE_BATCH);
+                if s.batch.n < WHOLE_BATCH && !hopeless {
                     return None;
                 }
-                s.batch = (0, 0, 0);
+                let (n, bytes, micros) = s.batch.take();
                 // A try has the comm's slow history behind it: one slow batch ends it.
                 let run = if s.probing { 1 } else { WHOLE_RUN };
                 (bytes, micros, run, n)
@@ -403,7 +391,7 @@ impl Pace {
                 1,
             ),
         };
-        let rate = bytes.saturating_mul(1_000_000) / micros.max(1);
+        let rate = per_second(bytes, micros);
         let bar = match sample.whole {
             true => self.bar(&s),
             false => self.floor,
@@ -476,28 +464,23 @@ impl Pace {
         if sample.len <= self.agreed {
             return None;
         }
-        let start = sample.posted_us.max(s.fine_done_us);
-        s.fine_done_us = sample.done_us;
         if s.settle > 0 {
             s.settle -= 1;
+            s.fine_batch.pass(sample.done_us);
             return None;
         }
-        let (n, bytes, micros) = s.fine_batch;
-        let (n, bytes) = (n + 1, bytes + sample.len as u64);
-        let micros = micros + sample.done_us.saturating_sub(start);
+        s.fine_batch
+            .add(sample.len as u64, sample.posted_us, sample.done_us);
         // A try whose messages so far took longer than the batch may at the rate it must
         // beat ends now.
         let whole = Self::run_rate(s);
         let beat = whole.saturating_mul(WIN.0) / WIN.1;
-        let hopeless = s.trying_fine
-            && u128::from(micros) * u128::from(beat)
-                > u128::from(bytes) * u128::from(FINE_BATCH) * 1_000_000 / u128::from(n);
-        if n < FINE_BATCH && !hopeless {
-            s.fine_batch = (n, bytes, micros);
+        let hopeless = s.trying_fine && s.fine_batch.past(beat, FINE_BATCH);
+        if s.fine_batch.n < FINE_BATCH && !hopeless {
             return None;
         }
-        s.fine_batch = (0, 0, 0);
-        let rate = bytes.saturating_mul(1_000_000) / micros.max(1);
+        let (_, bytes, micros) = s.fine_batch.take();
+        let rate = per_second(bytes, micros);
         s.fine_rate = rate;
         if !std::mem::take(&mut s.trying_fine) {
             return None;
@@ -524,8 +507,7 @@ impl Pace {
     /// their bytes over their time, all batches together, so that neither one that stalled
     /// nor one a rate limiter let through in a burst decides.
     fn run_rate(s: &State) -> u64 {
-        let (bytes, micros) = s.whole_run;
-        bytes.saturating_mul(1_000_000) / micros.max(1)
+        per_second(s.whole_run.0, s.whole_run.1)
     }
 
     /// Counts a message against how it cuts now; `Some(cut)` when a run of `run` slow ones
@@ -562,12 +544,60 @@ impl Pace {
             // A new run of whole messages; a try of pieces keeps the run to beat.
             s.whole_run = (0, 0);
         }
-        s.batch = (0, 0, 0);
-        s.fine_batch = (0, 0, 0);
+        s.batch.take();
+        s.fine_batch.take();
         s.settle = FINE_SETTLE;
         s.changes += 1;
         cut
     }
+}
+
+/// Messages timed together, each from when it was posted or the one before it was seen done,
+/// whichever is later: a comm that sat idle between them is not slow, and messages queued
+/// together each take their own time.
+#[derive(Debug, Default)]
+struct Meter {
+    /// How many, their bytes, the microseconds they took.
+    n: u32,
+    bytes: u64,
+    micros: u64,
+    /// When the last one was seen done (`now_us`); kept from one batch to the next.
+    done_us: u64,
+}
+
+impl Meter {
+    /// Adds a message of `bytes` posted and seen done at those times.
+    fn add(&mut self, bytes: u64, posted_us: u64, done_us: u64) {
+        let start = posted_us.max(self.done_us);
+        self.pass(done_us);
+        self.n += 1;
+        self.bytes += bytes;
+        self.micros += done_us.saturating_sub(start);
+    }
+
+    /// A message seen done at `done_us` that is not counted: the next one is timed from it.
+    fn pass(&mut self, done_us: u64) {
+        self.done_us = done_us;
+    }
+
+    /// Whether the messages so far took longer than `batch` of them may at `rate` (bytes per
+    /// second): the rest cannot bring the batch to that rate.
+    fn past(&self, rate: u64, batch: u32) -> bool {
+        u128::from(self.micros) * u128::from(rate)
+            > u128::from(self.bytes) * u128::from(batch) * 1_000_000 / u128::from(self.n.max(1))
+    }
+
+    /// The batch so far (how many, bytes, microseconds), and a new one begun.
+    fn take(&mut self) -> (u32, u64, u64) {
+        let batch = (self.n, self.bytes, self.micros);
+        (self.n, self.bytes, self.micros) = (0, 0, 0);
+        batch
+    }
+}
+
+/// `bytes` over `micros`, in bytes per second.
+fn per_second(bytes: u64, micros: u64) -> u64 {
+    bytes.saturating_mul(1_000_000) / micros.max(1)
 }
 
 impl Change {
