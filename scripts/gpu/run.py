@@ -66,6 +66,7 @@ STAGES = {
     "torchhosts": torchruns.stage_torchhosts,
     "hosts": hosts.stage_hosts,
     "capped": hosts.stage_capped,
+    "paced": hosts.stage_paced,
     "targets": hosts.stage_targets,
     "threads": hosts.stage_threads,
     "steps": hosts.stage_steps,

@@ -134,6 +134,35 @@ def stage_capped():
     execute(["tc", "qdisc", "del", "dev", "lo", "root"], out=tclog, append=True)
 
 
+def stage_paced():
+    """the hosts shape with every TCP connection the ranks make or accept capped at $PACED_MBIT
+    Mbit/s (default 250) by its own pacing: scripts/gpu/pacecap.c, preloaded into both ranks,
+    sets SO_MAX_PACING_RATE on each socket and TCP paces it by itself, so no qdisc on lo (and
+    no lock that every packet takes) stands between the ranks, as none does between two cloud
+    hosts; $CAPPED_TEST (all_reduce_perf), Socket's $HOSTS_SOCKETS and the plugin
+    ($HOSTS_FABRIC_VARIANTS as in hosts, default none)"""
+    mbit, shim = env_or("PACED_MBIT", "250"), f"{WORK}/pacecap.so"
+    counts = logf(f"paced{mbit}-sockets")
+    mkdirs(WORK)
+    if execute(["cc", "-O2", "-shared", "-fPIC", "-o", shim, "scripts/gpu/pacecap.c", "-ldl"],
+               out=logf("paced-build")):
+        note("- paced: skipped (scripts/gpu/pacecap.c did not build)")
+        raise Failed()
+    execute(["tc", "qdisc", "del", "dev", "lo", "root"], out=os.devnull)
+    preload = f"LD_PRELOAD={shim} PACECAP_MBIT={mbit} PACECAP_LOG={counts}"
+    with overriding(HOSTS_TEST=env_or("CAPPED_TEST", "all_reduce_perf"), HOSTS_TAG=f"paced{mbit}",
+                    HOSTS_ENV=f"{env_or('HOSTS_ENV')} {preload}".strip(),
+                    HOSTS_FABRIC_VARIANTS=env_or("HOSTS_FABRIC_VARIANTS", "none")):
+        stage_hosts()
+    try:
+        with open(counts, errors="replace") as f:
+            sockets = sum(int(n) for n in re.findall(r"capped (\d+) sockets", f.read()))
+    except OSError:
+        sockets = 0
+    note(f"- paced: every TCP socket of the ranks paced at most at {mbit} Mbit/s (SO_MAX_PACING_RATE, "
+         f"scripts/gpu/pacecap.c; no qdisc on lo); {sockets} sockets capped in all")
+
+
 def stage_targets():
     """what the performance targets compare, two ranks as two hosts, as much as fits in
     $TARGETS_BUDGET seconds of the driver (default 540; what does not fit is named in the
