@@ -40,7 +40,8 @@
 //! floor alone cannot tell: where the network caps each connection above it (clouds cap each
 //! flow at 5-10 Gbit/s), whole messages look fast by the floor and move one connection's
 //! worth. After [`FIRST_FINE_PROBE`] whole messages in a row slower than
-//! [`TRY_PIECES_BELOW_MBPS`] (a faster batch starts the count again) it tries pieces,
+//! [`TRY_PIECES_BELOW_MBPS`] (a faster batch starts the count again; longer messages count
+//! by their bytes, [`FINE_PROBE_BYTES_EACH`]) it tries pieces,
 //! meters [`FINE_BATCH`] messages after the first [`FINE_SETTLE`], and keeps them where they
 //! moved more than [`WIN`] times those whole batches together (over 20 connections capped
 //! at 1 Gbit/s each, 1 MiB messages two in flight moved 461-861 MB/s over `tcp;ofi_rxm` and
@@ -118,6 +119,15 @@ pub const LAST_PROBE: u32 = 1 << 16;
 /// several Gbit/s), whole messages look fast by the floor, and only such a try shows that
 /// pieces over every flow move more.
 pub const FIRST_FINE_PROBE: u32 = 32;
+
+/// The bytes each of the whole messages a try of pieces waits for stands for: a run of
+/// longer messages leads to a try once it moved as many bytes as that many messages of this
+/// size would, in [`WHOLE_RUN`] batches at least. NCCL's messages are slices of 1 MiB at
+/// most, so under NCCL the count decides; a stream of 8 MiB messages over connections
+/// capped at 1 Gbit/s each waits 8 of them (0.5 s) in place of 32 (2.1 s: in a stream of 64,
+/// 2-core machine, the try came so late that the stream moved 235 MB/s where pieces move
+/// 1830 over `tcp;ofi_rxm`).
+pub const FINE_PROBE_BYTES_EACH: u64 = 2 << 20;
 
 /// Whole messages moving less than this (Mbit/s), in a row, lead to a try of pieces: clouds cap
 /// each connection at 5-10 Gbit/s, and one connection the network leaves alone moves more
@@ -353,7 +363,8 @@ impl Pace {
     ///
     /// Whole messages are judged in batches against the floor rate. A comm that sends them
     /// (one of several flows) also tries pieces over all its flows once it has sent
-    /// [`FIRST_FINE_PROBE`] whole in a row slower than [`TRY_PIECES_BELOW_MBPS`], then less
+    /// [`FIRST_FINE_PROBE`] whole in a row slower than [`TRY_PIECES_BELOW_MBPS`] (or their
+    /// bytes in longer ones, [`FINE_PROBE_BYTES_EACH`]), then less
     /// often each time the try loses: pieces metered at more than [`WIN`] times those
     /// batches together keep it cutting finely.
     /// One that cuts finely tries whole messages after [`first_probe`] messages in pieces;
@@ -437,7 +448,7 @@ impl Pace {
                         s.whole_run.1 = s.whole_run.1.saturating_add(micros);
                     }
                 }
-                if s.whole_for < s.fine_probe_after {
+                if !Self::run_is_long(&s) {
                     return None;
                 }
                 s.trying_fine = true;
@@ -501,6 +512,15 @@ impl Pace {
             why: Why::PiecesMovedNoMore,
             rates,
         })
+    }
+
+    /// Whether the run of slow whole messages is long enough for a try of pieces: as many
+    /// messages as the comm waits for now, or their bytes in [`FINE_PROBE_BYTES_EACH`]
+    /// (in [`WHOLE_RUN`] batches at least).
+    fn run_is_long(s: &State) -> bool {
+        let bytes = u64::from(s.fine_probe_after).saturating_mul(FINE_PROBE_BYTES_EACH);
+        s.whole_for >= s.fine_probe_after
+            || (s.whole_for >= WHOLE_RUN * WHOLE_BATCH && s.whole_run.0 >= bytes)
     }
 
     /// The rate (bytes per second) of the run of whole messages a try of pieces must beat:
@@ -613,8 +633,8 @@ impl Change {
 #[cfg(test)]
 mod tests {
     use super::{
-        first_probe, Change, Cut, Pace, Sample, Why, FINE_BATCH, FINE_PIECE, FINE_SETTLE,
-        FIRST_FINE_PROBE, FIRST_PROBE, LAST_PROBE, PROBE_PER_FLOW, TO_COARSE, TO_FINE,
+        first_probe, Change, Cut, Pace, Sample, Why, FINE_BATCH, FINE_PIECE, FINE_PROBE_BYTES_EACH,
+        FINE_SETTLE, FIRST_FINE_PROBE, FIRST_PROBE, LAST_PROBE, PROBE_PER_FLOW, TO_COARSE, TO_FINE,
         TRY_PIECES_BELOW_MBPS, WHOLE_BATCH, WHOLE_RUN,
     };
     use std::cell::Cell;
@@ -633,6 +653,8 @@ mod tests {
     struct Comm {
         pace: Pace,
         clock: Cell<u64>,
+        /// The length of every message it sends ([`MESSAGE`] unless set).
+        len: usize,
     }
 
     impl Comm {
@@ -640,6 +662,7 @@ mod tests {
             Comm {
                 pace,
                 clock: Cell::new(1_000),
+                len: MESSAGE,
             }
         }
 
@@ -660,13 +683,13 @@ mod tests {
                 .filter_map(|_| {
                     let piece = self.pace.piece();
                     let largest = (piece > 0).then_some(piece);
-                    let (bytes, whole) = self.pace.times(MESSAGE, largest)?;
+                    let (bytes, whole) = self.pace.times(self.len, largest)?;
                     let posted_us = self.clock.get();
                     let done_us = posted_us + took(piece).as_micros() as u64;
                     self.clock.set(done_us);
                     self.pace.learn(Sample {
                         bytes,
-                        len: MESSAGE,
+                        len: self.len,
                         whole,
                         posted_us,
                         done_us,
@@ -786,6 +809,43 @@ mod tests {
             wait *= 2;
         }
         assert_eq!(pace.piece(), FINE_PIECE);
+    }
+
+    #[test]
+    fn a_run_of_long_messages_counts_by_its_bytes() {
+        // 8 MiB messages, every connection capped at 1 Gbit/s: as many bytes as the first
+        // wait's 2 MiB messages, in two batches.
+        let len = 8 << 20;
+        let capped = move |p: usize| at(if p == 0 { len } else { p }, 1000);
+        let comm = Comm {
+            len,
+            ..Comm::new(Pace::adaptive(AGREED, 500, true, 20))
+        };
+        let wait = FIRST_FINE_PROBE * (FINE_PROBE_BYTES_EACH as u32) / len as u32;
+        assert_eq!(wait, WHOLE_RUN * WHOLE_BATCH);
+        assert_eq!(comm.send(wait - 1, capped), []);
+        assert_eq!(comm.send(1, capped), [Cut::Fine], "a try after {wait}");
+        assert_eq!(comm.send(FINE_TRY - 1, capped), []);
+        let (cut, why, _) = only(&comm.changes(1, capped));
+        assert_eq!((cut, why), (Cut::Fine, Why::PiecesMovedMore));
+        // Longer ones still wait for two batches.
+        let len = 64 << 20;
+        let comm = Comm {
+            len,
+            ..Comm::new(Pace::adaptive(AGREED, 500, true, 20))
+        };
+        let capped = move |p: usize| at(if p == 0 { len } else { p }, 1000);
+        assert_eq!(comm.send(WHOLE_RUN * WHOLE_BATCH - 1, capped), []);
+        assert_eq!(comm.send(1, capped), [Cut::Fine]);
+        // Shorter ones count: 32 of 1 MiB, not the 64 their bytes would take.
+        let len = 1 << 20;
+        let comm = Comm {
+            len,
+            ..Comm::new(Pace::adaptive(AGREED, 500, true, 20))
+        };
+        let capped = move |p: usize| at(if p == 0 { len } else { p }, 1000);
+        assert_eq!(comm.send(FIRST_FINE_PROBE - 1, capped), []);
+        assert_eq!(comm.send(1, capped), [Cut::Fine]);
     }
 
     #[test]

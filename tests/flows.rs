@@ -1128,6 +1128,46 @@ fn rates_of_each_cut_uncapped() {
     }
 }
 
+/// Not a check: what one comm moves streaming 8 MiB messages two in flight (the CPU target's
+/// shape) with the defaults and with pieces of 32 KiB from the first message, two runs each,
+/// for BENCHMARKS.md. Nothing here caps the links: run it with `scripts/gpu/pacecap.c`
+/// preloaded, which caps every TCP connection by its own pacing (`cc -O2 -shared -fPIC -o
+/// /tmp/pacecap.so scripts/gpu/pacecap.c -ldl`, then `LD_PRELOAD=/tmp/pacecap.so
+/// PACECAP_MBIT=1000 cargo test --release --test flows rates_of_8_mib -- --ignored
+/// --nocapture`), where HTB classes would make the qdisc's lock the limit on 2 cores.
+#[test]
+#[ignore = "a measurement: prints rates, checks nothing"]
+fn rates_of_8_mib_messages() {
+    if !hosts_or_skip() {
+        return;
+    }
+    let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    let stream = "stream:320:8388608:2";
+    for p in striping_providers() {
+        for (what, extra) in [
+            ("defaults", None),
+            ("pieces", Some(("NCCL_FABRIC_PIECE_BYTES", "32768"))),
+        ] {
+            let env: Vec<(&str, &str)> = extra.into_iter().collect();
+            for _ in 0..2 {
+                let ([_, b], ()) = run_pair(
+                    &Hosts::new(2),
+                    p,
+                    &env,
+                    Prime::No,
+                    stream,
+                    |_, _| {},
+                    |_, _| (),
+                );
+                eprintln!(
+                    "{p}, {stream}, {what}: {} MB/s",
+                    b.result("mb_per_s").unwrap()
+                );
+            }
+        }
+    }
+}
+
 /// Not a check: what one comm moves in NCCL's 1 MiB slices, two in flight, cut into 32
 /// pieces of 32 KiB, with 32 flows (31 take pieces, so one takes two of every slice) and
 /// with 33 (one piece each), every connection capped at 100 Mbit/s, two runs each, for
