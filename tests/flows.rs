@@ -1102,28 +1102,40 @@ fn rates_of_each_cut_uncapped() {
             "stream:512:524288:2",
             "stream:64:8388608:2",
         ] {
-            for (what, extra) in [
+            let cuts = [
                 ("defaults", None),
                 ("pieces", Some(("NCCL_FABRIC_PIECE_BYTES", "262144"))),
                 ("one flow", Some(("NCCL_FABRIC_FLOWS", "1"))),
-            ] {
-                let env: Vec<(&str, &str)> = [by_calls].into_iter().chain(extra).collect();
-                for _ in 0..2 {
-                    let ([_, b], ()) = run_pair(
-                        &Hosts::new(2),
-                        p,
-                        &env,
-                        Prime::No,
-                        stream,
-                        |_, _| {},
-                        |_, _| (),
-                    );
-                    eprintln!(
-                        "{p}, {stream}, {what}: {} MB/s",
-                        b.result("mb_per_s").unwrap()
-                    );
-                }
-            }
+            ];
+            print_rates(p, stream, Some(by_calls), &cuts);
+        }
+    }
+}
+
+/// Streams `stream` over provider `p` between two hosts twice for each of `cuts` (a name
+/// and the setting that makes it, beside `common`) and prints the rates.
+fn print_rates(
+    p: &str,
+    stream: &str,
+    common: Option<(&str, &str)>,
+    cuts: &[(&str, Option<(&str, &str)>)],
+) {
+    for &(what, extra) in cuts {
+        let env: Vec<(&str, &str)> = common.into_iter().chain(extra).collect();
+        for _ in 0..2 {
+            let ([_, b], ()) = run_pair(
+                &Hosts::new(2),
+                p,
+                &env,
+                Prime::No,
+                stream,
+                |_, _| {},
+                |_, _| (),
+            );
+            eprintln!(
+                "{p}, {stream}, {what}: {} MB/s",
+                b.result("mb_per_s").unwrap()
+            );
         }
     }
 }
@@ -1143,28 +1155,12 @@ fn rates_of_8_mib_messages() {
     }
     let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
     let stream = "stream:320:8388608:2";
+    let cuts = [
+        ("defaults", None),
+        ("pieces", Some(("NCCL_FABRIC_PIECE_BYTES", "32768"))),
+    ];
     for p in striping_providers() {
-        for (what, extra) in [
-            ("defaults", None),
-            ("pieces", Some(("NCCL_FABRIC_PIECE_BYTES", "32768"))),
-        ] {
-            let env: Vec<(&str, &str)> = extra.into_iter().collect();
-            for _ in 0..2 {
-                let ([_, b], ()) = run_pair(
-                    &Hosts::new(2),
-                    p,
-                    &env,
-                    Prime::No,
-                    stream,
-                    |_, _| {},
-                    |_, _| (),
-                );
-                eprintln!(
-                    "{p}, {stream}, {what}: {} MB/s",
-                    b.result("mb_per_s").unwrap()
-                );
-            }
-        }
+        print_rates(p, stream, None, &cuts);
     }
 }
 
