@@ -186,8 +186,9 @@ pub const TABLE: &[Setting] = &[
                   (no progress threads) sends whole messages too: there pieces cost CPU and \
                   overlap nothing; a comm of several flows sends whole messages on its first \
                   flow until they prove slow (2 batches of 4 in a row), or until a try of \
-                  pieces over all its flows (after 32 whole messages slower than 10 Gbit/s, then \
-                  twice as many after each try that loses) moves more than 1.25 times the whole \
+                  pieces over all its flows (after 32 whole messages slower than 10 Gbit/s, or \
+                  64 MiB of longer ones in 8 at least, then twice as many after each try that \
+                  loses) moves more than 1.25 times the whole \
                   messages (a network that caps each connection, also above 500 Mbit/s); \
                   and a send comm whose messages show its flows moving under 500 Mbit/s each \
                   (8 in a row; a network that caps each connection) cuts them into pieces of \
