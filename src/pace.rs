@@ -659,10 +659,15 @@ mod tests {
 
     impl Comm {
         fn new(pace: Pace) -> Self {
+            Self::sending(pace, MESSAGE)
+        }
+
+        /// A comm whose messages are each `len` bytes long.
+        fn sending(pace: Pace, len: usize) -> Self {
             Comm {
                 pace,
                 clock: Cell::new(1_000),
-                len: MESSAGE,
+                len,
             }
         }
 
@@ -702,8 +707,13 @@ mod tests {
     /// A piece (or the whole message, piece 0) at `mbps`: every connection capped at that
     /// rate, the pieces of a message each on their own, all at once.
     fn piece_at(mbps: u64) -> impl Fn(usize) -> Duration {
+        piece_of_at(MESSAGE, mbps)
+    }
+
+    /// As [`piece_at`], for messages of `len` bytes.
+    fn piece_of_at(len: usize, mbps: u64) -> impl Fn(usize) -> Duration {
         move |p| match p {
-            0 => at(MESSAGE, mbps),
+            0 => at(len, mbps),
             p => at(p, mbps),
         }
     }
@@ -816,36 +826,27 @@ mod tests {
         // 8 MiB messages, every connection capped at 1 Gbit/s: as many bytes as the first
         // wait's 2 MiB messages, in two batches.
         let len = 8 << 20;
-        let capped = move |p: usize| at(if p == 0 { len } else { p }, 1000);
-        let comm = Comm {
-            len,
-            ..Comm::new(Pace::adaptive(AGREED, 500, true, 20))
-        };
+        let capped = piece_of_at(len, 1000);
+        let comm = Comm::sending(Pace::adaptive(AGREED, 500, true, 20), len);
         let wait = FIRST_FINE_PROBE * (FINE_PROBE_BYTES_EACH as u32) / len as u32;
         assert_eq!(wait, WHOLE_RUN * WHOLE_BATCH);
-        assert_eq!(comm.send(wait - 1, capped), []);
-        assert_eq!(comm.send(1, capped), [Cut::Fine], "a try after {wait}");
-        assert_eq!(comm.send(FINE_TRY - 1, capped), []);
-        let (cut, why, _) = only(&comm.changes(1, capped));
+        assert_eq!(comm.send(wait - 1, &capped), []);
+        assert_eq!(comm.send(1, &capped), [Cut::Fine], "a try after {wait}");
+        assert_eq!(comm.send(FINE_TRY - 1, &capped), []);
+        let (cut, why, _) = only(&comm.changes(1, &capped));
         assert_eq!((cut, why), (Cut::Fine, Why::PiecesMovedMore));
         // Longer ones still wait for two batches.
         let len = 64 << 20;
-        let comm = Comm {
-            len,
-            ..Comm::new(Pace::adaptive(AGREED, 500, true, 20))
-        };
-        let capped = move |p: usize| at(if p == 0 { len } else { p }, 1000);
-        assert_eq!(comm.send(WHOLE_RUN * WHOLE_BATCH - 1, capped), []);
-        assert_eq!(comm.send(1, capped), [Cut::Fine]);
+        let comm = Comm::sending(Pace::adaptive(AGREED, 500, true, 20), len);
+        let capped = piece_of_at(len, 1000);
+        assert_eq!(comm.send(WHOLE_RUN * WHOLE_BATCH - 1, &capped), []);
+        assert_eq!(comm.send(1, &capped), [Cut::Fine]);
         // Shorter ones count: 32 of 1 MiB, not the 64 their bytes would take.
         let len = 1 << 20;
-        let comm = Comm {
-            len,
-            ..Comm::new(Pace::adaptive(AGREED, 500, true, 20))
-        };
-        let capped = move |p: usize| at(if p == 0 { len } else { p }, 1000);
-        assert_eq!(comm.send(FIRST_FINE_PROBE - 1, capped), []);
-        assert_eq!(comm.send(1, capped), [Cut::Fine]);
+        let comm = Comm::sending(Pace::adaptive(AGREED, 500, true, 20), len);
+        let capped = piece_of_at(len, 1000);
+        assert_eq!(comm.send(FIRST_FINE_PROBE - 1, &capped), []);
+        assert_eq!(comm.send(1, &capped), [Cut::Fine]);
     }
 
     #[test]
