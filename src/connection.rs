@@ -6,6 +6,9 @@
 //! connect: [open sending lanes] → CONNECT to the handle's control endpoint → wait for ACK
 //! accept : wait for CONNECT → [open receiving lanes] → ACK → wait until the ACK went out
 //! ```
+//! Lanes not open yet open on a thread of their own (`LanePool::prepare`), from `listen` on,
+//! while the calls answer "not yet", so that no call waits for endpoints to set up their
+//! buffers.
 //! A comm that sends long messages in pieces has several flows (see `comm`): its own lane
 //! and the device's lanes after it, each its own connection to the peer. The CONNECT names
 //! the sender's further lanes, the ACK as many of the receiver's (with the comm id each
@@ -22,7 +25,7 @@ use crate::error::{Error, Result};
 use crate::handshake::{
     agreed_piece, flows_field, piece_field, Handle, Kind, Record, MAX_FURTHER_FLOWS, MIN_PIECE,
 };
-use crate::lane::{Lane, Role};
+use crate::lane::{Lane, Opening, Role};
 use crate::nccl::NET_HANDLE_MAXSIZE;
 use crate::plugin::Plugin;
 use parking_lot::Mutex;
@@ -36,6 +39,11 @@ const ABANDONED_AFTER: Duration = Duration::from_secs(2);
 
 enum AcceptState {
     WaitConnect,
+    /// The CONNECT came; the receiving lanes its comm takes are being opened.
+    WaitLanes {
+        incoming: Box<Incoming>,
+        opening: Arc<Opening>,
+    },
     /// The ACK is on its way to a peer in another process.
     WaitAckSent {
         comm: Arc<Comm>,
@@ -77,6 +85,12 @@ pub fn listen(
     }
     .write(handle)?;
     let slot = control.listen(token);
+    // An accept follows, and under NCCL a connect of this rank too: their lanes start
+    // opening now, while the handle travels to the peer.
+    let wanted = flows_wanted(device, device.piece);
+    for role in [Role::Receiving, Role::Sending] {
+        device.lanes.prepare(role, wanted);
+    }
     tracing::debug!("listening on device {dev}, token {token:#x}");
     Ok(ListenComm {
         device: device.index,
@@ -172,12 +186,24 @@ impl ListenComm {
                     let Some(incoming) = self.slot.take() else {
                         return Ok(None);
                     };
-                    let (comm, sent) = self.answer(plugin, incoming)?;
-                    *state = AcceptState::WaitAckSent {
-                        comm,
-                        sent,
-                        deadline: Instant::now() + self.timeout,
+                    let device: &Device = &plugin.devices[self.device];
+                    let piece = agreed_piece(device.piece, incoming.piece);
+                    let wanted = flows_wanted(device, piece).min(1 + incoming.flows.len());
+                    *state = match device.lanes.prepare(Role::Receiving, wanted) {
+                        Some(opening) => AcceptState::WaitLanes {
+                            incoming: Box::new(incoming),
+                            opening,
+                        },
+                        None => self.answered(plugin, incoming)?,
                     };
+                }
+                AcceptState::WaitLanes { opening, .. } if !opening.done() => return Ok(None),
+                AcceptState::WaitLanes { .. } => {
+                    if let AcceptState::WaitLanes { incoming, .. } =
+                        std::mem::replace(&mut *state, AcceptState::Done)
+                    {
+                        *state = self.answered(plugin, *incoming)?;
+                    }
                 }
                 AcceptState::WaitAckSent {
                     comm,
@@ -214,6 +240,16 @@ impl ListenComm {
                 }
             }
         }
+    }
+
+    /// What an accept waits for once it has answered `incoming` (see [`ListenComm::answer`]).
+    fn answered(&self, plugin: &Plugin, incoming: Incoming) -> Result<AcceptState> {
+        let (comm, sent) = self.answer(plugin, incoming)?;
+        Ok(AcceptState::WaitAckSent {
+            comm,
+            sent,
+            deadline: Instant::now() + self.timeout,
+        })
     }
 
     /// Makes the receive comm for a CONNECT and sends the ACK: directly to a connect of this
@@ -350,6 +386,7 @@ pub fn connect(
                     handle,
                     conn: crate::random::u64(),
                     lanes: Vec::new(),
+                    opening: None,
                     control: None,
                     slot: Arc::default(),
                     sent: None,
@@ -381,10 +418,16 @@ fn advance(c: &mut Connecting, device: &Device, plugin: &Plugin) -> Result<Optio
             plugin.settings.connect_timeout_ms
         )));
     }
-    // Step 1: sending lanes (opening an endpoint if it is the first on its turn).
+    // Step 1: sending lanes, opened off this call where they are not open yet.
     let offered = device.piece;
     if c.lanes.is_empty() {
         let wanted = flows_wanted(device, offered);
+        if c.opening.is_none() {
+            c.opening = device.lanes.prepare(Role::Sending, wanted);
+        }
+        if c.opening.as_ref().is_some_and(|o| !o.done()) {
+            return Ok(None);
+        }
         c.lanes = device.lanes.acquire_flows(Role::Sending, wanted)?;
     }
     let lane = c.lanes[0].clone();

@@ -7,7 +7,7 @@ use crate::control::{ConnectSlot, Control, Liveness};
 use crate::error::Result;
 use crate::fabric::Domain;
 use crate::handshake::Handle;
-use crate::lane::{Lane, LanePool};
+use crate::lane::{Lane, LanePool, Opening};
 use crate::provider::Candidate;
 use parking_lot::Mutex;
 use std::collections::HashMap;
@@ -47,6 +47,8 @@ pub struct Connecting {
     /// Its sending lanes once acquired: its own first, then those its pieces may spread
     /// over.
     pub lanes: Vec<Arc<Lane>>,
+    /// Its sending lanes being opened off NCCL's calls, while they are.
+    pub opening: Option<Arc<Opening>>,
     pub control: Option<Arc<Control>>,
     pub slot: Arc<ConnectSlot>,
     /// When the CONNECT went out: the timeout counts from then (opening this side's

@@ -442,6 +442,83 @@ fn progress_threads_sleep_where_the_provider_wakes_them() {
 }
 
 // ---------------------------------------------------------------------------------------
+// Lanes opened ahead of their comms.
+
+/// Open file descriptors once their count has not changed for half a second (or `until`).
+fn settled_fds(until: Instant) -> usize {
+    let mut last = (open_fds(), Instant::now());
+    while Instant::now() < until {
+        std::thread::sleep(Duration::from_millis(50));
+        let now = open_fds();
+        if now != last.0 {
+            last = (now, Instant::now());
+        } else if last.1.elapsed() >= common::scaled(0.5) {
+            break;
+        }
+    }
+    last.0
+}
+
+/// A rank that listens, waits until its file descriptors settle, then connects to its own
+/// handle and accepts, counting descriptors at each step.
+#[test]
+#[ignore = "child process of another test"]
+fn child_lanes_open_at_listen() {
+    let lib = init();
+    let until = deadline(60);
+    let fds_init = settled_fds(until);
+    let (mut handle, listen) = lib.listen(0).expect("listen");
+    let fds_listen = settled_fds(until);
+    let (mut send, mut recv) = (None, None);
+    while send.is_none() || recv.is_none() {
+        if send.is_none() {
+            send = lib.connect(0, &mut handle).expect("connect");
+        }
+        if recv.is_none() {
+            recv = lib.accept(listen).expect("accept");
+        }
+        assert!(Instant::now() < until, "connect/accept deadline");
+    }
+    let fds_connected = open_fds();
+    lib.close_listen(listen).expect("closeListen");
+    exchange(&lib, send.unwrap(), recv.unwrap(), until);
+    lib.close_send(send.unwrap()).expect("closeSend");
+    lib.close_recv(recv.unwrap()).expect("closeRecv");
+    println!("RESULT fds_init={fds_init}");
+    println!("RESULT fds_listen={fds_listen}");
+    println!("RESULT fds_connected={fds_connected}");
+    println!("RESULT ok=1");
+}
+
+/// A device's lanes (an endpoint and its sockets each) open from `listen` on, on a thread of
+/// their own, so that the connect and accept that follow find them open and no call of
+/// NCCL's waits for endpoints to set up: over `tcp;ofi_rxm` with 16 lanes a side, listening
+/// opens far more descriptors than connecting and accepting then do.
+#[test]
+fn lanes_open_from_listen_on() {
+    let f = child_over(
+        "child_lanes_open_at_listen",
+        "tcp;ofi_rxm",
+        &[
+            ("NCCL_FABRIC_LANES", "16"),
+            ("NCCL_FABRIC_PROGRESS_THREAD", "yes"),
+        ],
+    );
+    let n = |k: &str| -> usize { f.result(k).and_then(|v| v.parse().ok()).expect(k) };
+    let (init, listen, connected) = (n("fds_init"), n("fds_listen"), n("fds_connected"));
+    let (by_listen, by_connect) = (
+        listen.saturating_sub(init),
+        connected.saturating_sub(listen),
+    );
+    assert!(
+        by_listen >= 32 && by_connect * 4 < by_listen,
+        "listen opened {by_listen} descriptors, connect and accept {by_connect} more: the \
+         lanes did not open ahead of their comms\n--- stderr\n{}",
+        f.stderr
+    );
+}
+
+// ---------------------------------------------------------------------------------------
 // Two processes: handles cross over pipes.
 
 /// A child rank's start: listens, prints its handle, reads its peer's from stdin, and

@@ -26,7 +26,7 @@ mod placement;
 mod pool;
 
 pub use placement::{first_lane, flow_lane, lane_thread, most_flows};
-pub use pool::{Adopt, LaneConfig, LanePool, Schedule};
+pub use pool::{Adopt, LaneConfig, LanePool, Opening, Schedule};
 
 /// Which side of a comm pair a lane serves.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]

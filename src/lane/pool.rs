@@ -96,6 +96,23 @@ pub struct LanePool {
     neighbours_at: AtomicU64,
     /// Whether no progress thread could start: NCCL's calls drive from then on.
     crewless: AtomicBool,
+    /// Per role, the lanes being opened off NCCL's calls, if any (see [`LanePool::prepare`]).
+    opening: Mutex<[Option<Arc<Opening>>; 2]>,
+}
+
+/// Lanes of a role being opened on a thread of their own, so that no connect or accept call
+/// waits for endpoints to open (an endpoint's buffers may take tens of milliseconds to set
+/// up, and a device's first comm needs all its lanes).
+#[derive(Default)]
+pub struct Opening {
+    done: AtomicBool,
+}
+
+impl Opening {
+    /// Whether every lane it was to open has opened or failed to.
+    pub fn done(&self) -> bool {
+        self.done.load(Ordering::Acquire)
+    }
 }
 
 impl Drop for LanePool {
@@ -131,7 +148,73 @@ impl LanePool {
             crew: Mutex::new(Weak::new()),
             crewless: AtomicBool::new(false),
             neighbours_at: AtomicU64::new(0),
+            opening: Mutex::new([None, None]),
         })
+    }
+
+    /// Whether a comm of `n` flows in `role` may take its lanes now without opening any:
+    /// `None` if so (or where lanes are a comm's own, or no thread could start: the comm then
+    /// opens them itself; so too where lanes close as soon as nobody uses them), else the
+    /// opening under way, on a thread of its own, of every shared
+    /// lane of the role that is not open. The caller tells NCCL "not yet" until it is done,
+    /// then takes its lanes ([`LanePool::acquire_flows`]), opening there any that failed
+    /// (or closed meanwhile: they linger as lanes nobody uses).
+    pub fn prepare(self: &Arc<Self>, role: Role, n: usize) -> Option<Arc<Opening>> {
+        // Lanes that close as soon as nobody uses them could not wait for their comm.
+        if self.config.per_comm || self.config.linger.is_zero() {
+            return None;
+        }
+        let missing: Vec<usize> = {
+            let slots = self.slots.lock();
+            let (lanes, next) = &slots[role as usize];
+            let c = &self.config;
+            let first = first_lane(role, *next, lanes.len(), c.flows, c.rails.len());
+            let n = n.clamp(1, self.most_flows());
+            let mut wanted: Vec<usize> = (0..n)
+                .map(|k| (first + flow_lane(role, k, n, lanes.len())) % lanes.len())
+                .collect();
+            wanted.sort_unstable();
+            wanted.dedup();
+            wanted.retain(|&i| {
+                !lanes[i]
+                    .as_ref()
+                    .is_some_and(|l| l.health.broken().is_none())
+            });
+            wanted
+        };
+        if missing.is_empty() {
+            return None;
+        }
+        let mut opening = self.opening.lock();
+        if let Some(under_way) = &opening[role as usize] {
+            if !under_way.done() {
+                return Some(under_way.clone());
+            }
+        }
+        let fresh = Arc::new(Opening::default());
+        let (pool, ticket) = (self.clone(), fresh.clone());
+        let started = std::thread::Builder::new()
+            .name("nfab-open".into())
+            .spawn(move || {
+                for index in missing {
+                    match pool.acquire_slot(role, index) {
+                        // Left lingering in its slot, as a lane whose comms closed.
+                        Ok(lane) => lane.release_user(),
+                        Err(e) => tracing::debug!(
+                            "opening a {role:?} endpoint on {} ahead of its comm failed: {e}",
+                            pool.config.label
+                        ),
+                    }
+                }
+                ticket.done.store(true, Ordering::Release);
+            });
+        match started {
+            Ok(_) => {
+                opening[role as usize] = Some(fresh.clone());
+                Some(fresh)
+            }
+            Err(_) => None,
+        }
     }
 
     /// How many flows a comm gets at most: lanes after its own, in the pool's order (a lane
