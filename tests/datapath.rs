@@ -493,7 +493,8 @@ fn child_lanes_open_at_listen() {
 /// A device's lanes (an endpoint and its sockets each) open from `listen` on, on a thread of
 /// their own, so that the connect and accept that follow find them open and no call of
 /// NCCL's waits for endpoints to set up: over `tcp;ofi_rxm` with 16 lanes a side, listening
-/// opens far more descriptors than connecting and accepting then do.
+/// opens far more descriptors than connecting and accepting then do (on 2.1 about 16 per
+/// endpoint, its domain's included, on 1.17 about one; the control endpoint a few).
 #[test]
 fn lanes_open_from_listen_on() {
     let f = child_over(
@@ -511,7 +512,7 @@ fn lanes_open_from_listen_on() {
         connected.saturating_sub(listen),
     );
     assert!(
-        by_listen >= 32 && by_connect * 4 < by_listen,
+        by_listen >= 16 && by_connect * 4 < by_listen,
         "listen opened {by_listen} descriptors, connect and accept {by_connect} more: the \
          lanes did not open ahead of their comms\n--- stderr\n{}",
         f.stderr
