@@ -59,14 +59,12 @@ use parking_lot::Mutex;
 /// The smallest piece a comm cuts into where its flows are slow: NCCL's 1 MiB slices (two
 /// 512 KiB steps) then go in 32 pieces over the 32 piece flows of the default 33, so that with
 /// two slices in flight each flow has the next piece queued when one ends. Over `tcp;ofi_rxm`
-/// it lies above the 16 KiB the plugin lets rxm send in segments (`quirks::RXM_DEFAULTS`), so
-/// it goes by rendezvous: the receiver reads it once its receive matched, and the send
-/// completes when the receiver says so. With rxm's own limit (8 eager buffers, 32 KiB) it went
-/// in segments: over 16 connections capped at 100 Mbit/s, NCCL's steps two at a time moved
-/// 188-189 MB/s in 32 KiB pieces then (0.94 of the caps), and 144 MB/s in 64 KiB pieces by
+/// it fits one of the eager buffers the plugin gives rxm (`quirks::RXM_DEFAULTS`), so it
+/// leaves with its send, with no rendezvous round trip. In 4 KiB segments (rxm's own buffers
+/// and limit) over 16 connections capped at 100 Mbit/s, NCCL's steps two at a time moved
+/// 188-189 MB/s in 32 KiB pieces (0.94 of the caps), and 144 MB/s in 64 KiB pieces by
 /// rendezvous (57 with four steps in flight); over native `tcp` 191 and 192 (each size set as
-/// `NCCL_FABRIC_PIECE_BYTES`, BENCHMARKS.md). Where rendezvous loses, see
-/// `quirks::RXM_DEFAULTS`.
+/// `NCCL_FABRIC_PIECE_BYTES`, BENCHMARKS.md).
 pub const FINE_PIECE: usize = 32 << 10;
 
 /// Slow messages in a row that make a comm cut finely.

@@ -43,9 +43,10 @@
 //! - **rxm's and tcp's buffer pools**: with their defaults each `tcp;ofi_rxm` endpoint holds
 //!   ~90 MB (1.17) to ~170 MB (2.1) of anonymous memory, most of it the shared receive
 //!   context's preposted buffers; a 2-GPU all_reduce peaked at 4.0 GiB. Unless the user set
-//!   them, the plugin sets smaller pools before libfabric starts ([`RXM_DEFAULTS`]): 1.5 GiB,
-//!   busbw within 3% ([`apply_defaults`]); 4 KiB buffers then take an endpoint from 34 to
-//!   14 MiB (2.1).
+//!   them, the plugin sets shallower queues before libfabric starts ([`RXM_DEFAULTS`]):
+//!   1.5 GiB, busbw within 3% ([`apply_defaults`]). Its eager buffers are 33 KiB, so that the
+//!   pieces of capped connections go eagerly: an endpoint holds 58.8 MiB (2.1; 12.0 with
+//!   4 KiB buffers).
 //! - **shm's full queues**: shm answers a post with `-FI_ENOMEM` when its receive (or send)
 //!   queue has no free entry (reported with libfabric 1.17, receives posted beside a stream
 //!   while pairs open and close on shared endpoints; not reproduced on the test machines).
@@ -366,10 +367,10 @@ pub fn names_this_process(provider: &str, addr: &[u8]) -> bool {
     text.starts_with(prefix.as_bytes()) && matches!(text.get(prefix.len()), None | Some(b':'))
 }
 
-/// libfabric variables set at init unless the user set them: 4 KiB eager buffers, 16-deep
+/// libfabric variables set at init unless the user set them: 33 KiB eager buffers, 16-deep
 /// receive queues (over tcp rxm shares one per endpoint among its connections, its shared
 /// receive context; elsewhere each connection has its own) and send queues, 4 KiB buffers in
-/// 2.x tcp's transfer pool, and segmented sends (SAR) up to 16 KiB only. rxm and tcp grow
+/// 2.x tcp's transfer pool, and no segmented sends (SAR). rxm and tcp grow
 /// their pools 1024 buffers at a time, per endpoint (rxm) and per domain (tcp), and every lane
 /// has both: with rxm's 8 KiB and tcp's 16 KiB, each endpoint held 34 MiB on 2.1 (18.5 on
 /// 1.17), with 4 KiB each 14 MiB (10.5) (`cargo bench --bench memory`). rxm refuses a
@@ -386,23 +387,28 @@ pub fn names_this_process(provider: &str, addr: &[u8]) -> bool {
 /// 2.1, `memory` bench) and about half a microsecond of 8-byte latency (5.6 against 5.1 µs
 /// half round trip, `transfer` bench, 2-core machine); bandwidth within the benches' noise.
 ///
-/// rxm's SAR limit is 8 eager buffers by default, so 32 KiB pieces (`pace::FINE_PIECE`, what
-/// a comm on capped connections cuts into) went through rxm's buffers in 8 segments, often
-/// before the receiver knew of them (it posts a piece's receive once the header came), and
-/// were copied again out of them. Above the limit they go by rendezvous, read straight into
-/// the receive buffer. With the limit at 16 KiB, 1 MiB in 32 KiB pieces over 8 flows moved
-/// 4.4 against 1.4 GB/s at 0.44 against 1.4 CPU-s per GB (2-core machine, `transfer`
-/// bench); all_reduce under a per-connection cap on the GPU machine moved 1.24–1.66×
-/// (250 Mbit/s) and 1.08–1.11× (100 Mbit/s) what it did with the default limit, at less CPU.
-/// Only a stream of two sends in flight, whose sender shapes each connection itself under
-/// BBR, moved less (a third: its connections' data now and then waited about 40 ms in the
-/// kernel; with cubic it moved the cap; see docs/performance.md).
+/// The eager buffers hold one of the 32 KiB pieces a comm on capped connections cuts into
+/// (`pace::FINE_PIECE`), and the last piece of a message a little longer than its cut, so that
+/// those go eagerly: each piece's data leaves with its send, where by rendezvous (the default
+/// until 2026-12-07) it waited a round trip for the receiver's read and its send for the read
+/// to end, which kept capped connections idle much of the time. Longer messages still go by
+/// rendezvous, read straight into the receive. 1 MiB slices two in flight in 32 KiB pieces
+/// moved 825–946 MB/s against 445–451 by rendezvous over connections pacing themselves at
+/// 1 Gbit/s, 989–1107 against 648–650 uncapped (2-core machine, progress threads), and
+/// all_reduce on the GPU machine 1.92× Socket 2×8 against 1.15–1.19× with every connection
+/// capped at 250 Mbit/s by HTB classes, at 0.62–0.66× Socket's CPU, and uncapped as much as by
+/// rendezvous (BENCHMARKS.md). The price is memory: rxm's pools grow 1024 buffers at a time, so
+/// an endpoint that has carried traffic holds 58.8 MiB in place of 12.0 with 4 KiB buffers
+/// (`memory` bench), and opening one takes longer (lanes open off NCCL's calls, see `lane`);
+/// `sizing::MAX_FLOW_LANES` keeps the endpoints few. (Before the rendezvous, rxm's own SAR
+/// limit of 8 eager buffers had sent each 32 KiB piece through 4 KiB buffers in 8 segments,
+/// copied again out of them, at a third of the rate.)
 pub const RXM_DEFAULTS: &[(&str, &str)] = &[
-    ("FI_OFI_RXM_BUFFER_SIZE", "4096"),
+    ("FI_OFI_RXM_BUFFER_SIZE", "33792"),
     ("FI_OFI_RXM_MSG_RX_SIZE", "16"),
     ("FI_OFI_RXM_MSG_TX_SIZE", "16"),
     ("FI_TCP_MAX_RX_SIZE", "4096"),
-    ("FI_OFI_RXM_SAR_LIMIT", "16384"),
+    ("FI_OFI_RXM_SAR_LIMIT", "33792"),
 ];
 
 /// Packets rxd keeps in flight to a peer, unless the user set it: 32 of its 4 KiB packets
@@ -423,7 +429,7 @@ pub struct Defaults {
 pub const PROVIDER_DEFAULTS: &[Defaults] = &[
     Defaults {
         provider: "ofi_rxm",
-        what: "smaller rxm and tcp buffer pools",
+        what: "rxm's eager buffers for 32 KiB pieces, shallower rxm queues and smaller tcp buffers",
         vars: RXM_DEFAULTS,
     },
     Defaults {

@@ -118,8 +118,13 @@ pub const MAX_AUTO_FLOWS: usize = 33;
 
 /// The most lanes `auto` opens for a device's flows on one NIC; flows beyond them pair a
 /// sending lane with a receiving one (connections of their own on the same endpoints), so
-/// 32 flows cost no more endpoints, nor their buffers, than 16.
-pub const MAX_FLOW_LANES: usize = 16;
+/// 33 flows cost no more endpoints, nor their buffers, than 12. 12, not fewer: the 32 piece
+/// flows of each of the two comms a side that NCCL's two channels open between two ranks are
+/// then 64 connections, none shared (`lane::first_lane`; on 8 lanes they would be 44), so
+/// a network that caps each connection lets them all add up; and not more, for each endpoint
+/// holds rxm's pools of eager buffers (58.8 MiB with the 33 KiB buffers of
+/// `quirks::RXM_DEFAULTS`).
+pub const MAX_FLOW_LANES: usize = 12;
 
 /// The flows `auto` gives a device of `speed_mbps`: enough flows of [`FLOW_MBPS`] to carry
 /// it, from 1 to [`MAX_AUTO_FLOWS`].
@@ -207,9 +212,9 @@ mod tests {
     }
 
     #[test]
-    fn flows_beyond_sixteen_pair_lanes_on_one_nic() {
+    fn flows_beyond_twelve_pair_lanes_on_one_nic() {
         assert_eq!(lanes_for_flows(4, true, 32, 1), MAX_FLOW_LANES);
-        assert_eq!(lanes_for_flows(4, true, 20, 1), 16, "a veth's 20 flows");
+        assert_eq!(lanes_for_flows(4, true, 20, 1), 12, "a veth's 20 flows");
         assert_eq!(lanes_for_flows(4, true, 8, 1), 8);
         assert_eq!(
             lanes_for_flows(4, true, 1, 1),

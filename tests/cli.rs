@@ -315,7 +315,7 @@ fn the_plugin_names_the_provider_defaults_it_sets() {
     assert!(rxd.contains("FI_OFI_RXD_MAX_UNACKED=32"), "{rxd}");
     assert!(!rxd.contains("FI_OFI_RXM_BUFFER_SIZE"), "{rxd}");
     let rxm = info("tcp;ofi_rxm", &[]);
-    assert!(rxm.contains("FI_OFI_RXM_BUFFER_SIZE=4096"), "{rxm}");
+    assert!(rxm.contains("FI_OFI_RXM_BUFFER_SIZE=33792"), "{rxm}");
     assert!(!rxm.contains("FI_OFI_RXD_MAX_UNACKED"), "{rxm}");
     let own = info("udp;ofi_rxd", &[("FI_OFI_RXD_MAX_UNACKED", "64")]);
     assert!(!own.contains("FI_OFI_RXD_MAX_UNACKED"), "{own}");

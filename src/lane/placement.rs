@@ -181,6 +181,24 @@ mod tests {
         assert_eq!(starts(32, 16, 1), vec![0, 16, 1, 17, 2, 18]);
         assert_eq!(starts(48, 16, 1), vec![0, 16, 32, 1, 17, 33]);
         assert_eq!(starts(16, 16, 4), vec![0, 4, 8, 12, 0, 4], "the first rail");
+        // The default shape where NCCL runs two channels between two ranks: two comms a
+        // side of 33 flows on 12 lanes a role (`sizing::MAX_FLOW_LANES`). Their 64 piece flows
+        // (all but each comm's first) are 64 connections, none shared, so that a network
+        // capping each connection lets all of them add up.
+        let mut pieces = std::collections::HashSet::new();
+        for c in 0..2 {
+            let (s, r) = (
+                first_lane(Role::Sending, c, 12, 33, 1),
+                first_lane(Role::Receiving, c, 12, 33, 1),
+            );
+            for k in 1..33 {
+                let pair = (
+                    (s + flow_lane(Role::Sending, k, 33, 12)) % 12,
+                    (r + flow_lane(Role::Receiving, k, 33, 12)) % 12,
+                );
+                assert!(pieces.insert(pair), "comm {c} flow {k}: {pair:?} taken");
+            }
+        }
         // Two comms that start one after the other share no lane.
         let lanes_of = |first: usize| (first..first + 16).map(|k| k % 32).collect::<Vec<_>>();
         let (a, b) = (
