@@ -111,9 +111,9 @@ pub const TABLE: &[Setting] = &[
                   start on them in turn (a set of flows apart where they hold several sets, so \
                   that each comm's flows are connections of its own), and a comm's flows are \
                   the lanes from its first on. \
-                  0 = the device's flows, up to 16 on one NIC (the flows beyond pair lanes) and \
-                  all of them over several NICs (33 a side with the default flows, each an endpoint of about \
-                  14 MiB), or where messages go whole, by the CPUs of this rank and the devices in use: (CPUs - 2) / (3 x devices), from 1 to 4",
+                  0 = the device's flows, up to 12 on one NIC (the flows beyond pair lanes) and \
+                  all of them over several NICs (33 a side with the default flows), each an endpoint of about \
+                  60 MiB over tcp;ofi_rxm (rxm's pools of 33 KiB eager buffers), or where messages go whole, by the CPUs of this rank and the devices in use: (CPUs - 2) / (3 x devices), from 1 to 4",
     },
     Setting {
         name: THREADS,
