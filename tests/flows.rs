@@ -417,22 +417,19 @@ fn run_pair<T>(
     env.push(("NFAB_SCRIPT".into(), script.into()));
     env.push(("NCCL_DEBUG".into(), "INFO".into()));
     let (mut a, mut b) = pair_on_hosts(hosts, "child_flows_rank", &env, scaled(CHILD));
-    a.read_result("warm");
-    b.read_result("warm");
+    read_both(&mut a, &mut b, "warm");
     if prime == Prime::Yes {
         hosts.cap_flows(0, &data_connections(hosts)[..1], &[CAP_MBIT]);
         a.send_line("prime");
         b.send_line("prime");
-        a.read_result("primed");
-        b.read_result("primed");
+        read_both(&mut a, &mut b, "primed");
         hosts.uncap(0);
     }
     let flows = data_connections(hosts);
     shape(hosts, &flows);
     a.send_line("go");
     b.send_line("go");
-    a.read_result("done");
-    b.read_result("done");
+    read_both(&mut a, &mut b, "done");
     let learnt = after(hosts, &flows);
     a.send_line("close");
     b.send_line("close");

@@ -253,6 +253,25 @@ impl ChildTest {
         }
     }
 
+    /// Kills the child and gives back what it printed (stdout, then stderr).
+    pub fn kill_for_output(&mut self) -> String {
+        let _ = self.child.kill();
+        let status = self.child.wait().map(|s| s.to_string()).unwrap_or_default();
+        remove_shm_files(self.child.id());
+        let err = self
+            .stderr
+            .take()
+            .map(|h| h.join().unwrap_or_default())
+            .unwrap_or_default();
+        let mut out = std::mem::take(&mut self.seen);
+        out.extend(self.lines.try_iter());
+        format!(
+            "child {} ({status}); stdout:\n{}\nstderr:\n{err}",
+            self.name,
+            out.join("\n")
+        )
+    }
+
     pub fn kill(&mut self) {
         let _ = self.child.kill();
         let _ = self.child.wait();
@@ -301,6 +320,29 @@ impl ChildTest {
             status: status.to_string(),
             stdout: out.join("\n"),
             stderr,
+        }
+    }
+}
+
+/// `RESULT key=` from both children, each value; where either gives none, panics with what
+/// both printed (a rank that fails often does so because its peer died first).
+pub fn read_both(a: &mut ChildTest, b: &mut ChildTest, key: &str) -> [String; 2] {
+    let first = read_or_tell(a, b, key);
+    let second = read_or_tell(b, a, key);
+    [first, second]
+}
+
+/// `RESULT key=` from `one`; where it gives none, panics with what both printed.
+fn read_or_tell(one: &mut ChildTest, other: &mut ChildTest, key: &str) -> String {
+    match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| one.read_result(key))) {
+        Ok(v) => v,
+        Err(e) => {
+            let why = e
+                .downcast_ref::<String>()
+                .cloned()
+                .or_else(|| e.downcast_ref::<&str>().map(|s| s.to_string()))
+                .unwrap_or_default();
+            panic!("{why}\n--- its peer: {}", other.kill_for_output());
         }
     }
 }
