@@ -933,7 +933,10 @@ fn a_comm_driven_by_calls_tries_whole_messages_again() {
 
 /// Hosts with 2 and 4 NICs, one device over them all (`NCCL_FABRIC_MERGE=yes`): a comm's
 /// flows take the NICs in turn, so every NIC carries its share of the stream (veths all
-/// report one speed), and every message arrives whole.
+/// report one speed), and every message arrives whole. 9 flows (the first for headers, 8
+/// for pieces, 2 per NIC of 4): over several NICs every flow keeps a lane of its own, and the
+/// default 33 would make 68-72 endpoints of about 60 MiB a rank (rxm's eager pools), 8 GiB
+/// for the pair.
 #[test]
 fn one_device_over_several_nics_spreads_a_comm_over_them() {
     if !hosts_or_skip() {
@@ -954,6 +957,7 @@ fn one_device_over_several_nics_spreads_a_comm_over_them() {
                     ("NCCL_FABRIC_MERGE", "yes"),
                     ("NCCL_FABRIC_DOMAINS", &domains),
                     ("NCCL_FABRIC_PIECE_BYTES", "262144"),
+                    ("NCCL_FABRIC_FLOWS", "9"),
                 ],
                 Prime::No,
                 &format!("stream:{COUNT}"),
@@ -972,7 +976,7 @@ fn one_device_over_several_nics_spreads_a_comm_over_them() {
                 "over {p}: the INFO line says {merged}: {}",
                 a.stderr
             );
-            // Warm-up and stream: 2 + COUNT messages of BIG bytes, 16 pieces each.
+            // Warm-up and stream: 2 + COUNT messages of BIG bytes, in pieces.
             carry_shares(
                 &sent,
                 ((COUNT + 2) * BIG) as u64,
