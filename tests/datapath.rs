@@ -469,21 +469,12 @@ fn child_lanes_open_at_listen() {
     let fds_init = settled_fds(until);
     let (mut handle, listen) = lib.listen(0).expect("listen");
     let fds_listen = settled_fds(until);
-    let (mut send, mut recv) = (None, None);
-    while send.is_none() || recv.is_none() {
-        if send.is_none() {
-            send = lib.connect(0, &mut handle).expect("connect");
-        }
-        if recv.is_none() {
-            recv = lib.accept(listen).expect("accept");
-        }
-        assert!(Instant::now() < until, "connect/accept deadline");
-    }
+    let (send, recv) = common::hosts::connect_and_accept(&lib, 0, &mut handle, listen, until);
     let fds_connected = open_fds();
     lib.close_listen(listen).expect("closeListen");
-    exchange(&lib, send.unwrap(), recv.unwrap(), until);
-    lib.close_send(send.unwrap()).expect("closeSend");
-    lib.close_recv(recv.unwrap()).expect("closeRecv");
+    exchange(&lib, send, recv, until);
+    lib.close_send(send).expect("closeSend");
+    lib.close_recv(recv).expect("closeRecv");
     println!("RESULT fds_init={fds_init}");
     println!("RESULT fds_listen={fds_listen}");
     println!("RESULT fds_connected={fds_connected}");

@@ -202,11 +202,7 @@ impl ChildTest {
             return;
         }
         let status = self.child.wait().map(|s| s.to_string()).unwrap_or_default();
-        let err = self
-            .stderr
-            .take()
-            .map(|h| h.join().unwrap_or_default())
-            .unwrap_or_default();
+        let err = self.take_stderr();
         let out: Vec<String> = self.lines.try_iter().collect();
         panic!(
             "write to child {} failed: it exited ({status}); stdout:\n{}\n{}\nstderr:\n{err}",
@@ -238,11 +234,7 @@ impl ChildTest {
                 Err(e) => {
                     let _ = self.child.kill();
                     let _ = self.child.wait();
-                    let err = self
-                        .stderr
-                        .take()
-                        .map(|h| h.join().unwrap_or_default())
-                        .unwrap_or_default();
+                    let err = self.take_stderr();
                     panic!(
                         "child {} gave no RESULT {key} ({e}); stdout:\n{}\nstderr:\n{err}",
                         self.name,
@@ -253,16 +245,20 @@ impl ChildTest {
         }
     }
 
+    /// What the child wrote to stderr, once it has exited (empty if taken before).
+    fn take_stderr(&mut self) -> String {
+        self.stderr
+            .take()
+            .map(|h| h.join().unwrap_or_default())
+            .unwrap_or_default()
+    }
+
     /// Kills the child and gives back what it printed (stdout, then stderr).
     pub fn kill_for_output(&mut self) -> String {
         let _ = self.child.kill();
         let status = self.child.wait().map(|s| s.to_string()).unwrap_or_default();
         remove_shm_files(self.child.id());
-        let err = self
-            .stderr
-            .take()
-            .map(|h| h.join().unwrap_or_default())
-            .unwrap_or_default();
+        let err = self.take_stderr();
         let mut out = std::mem::take(&mut self.seen);
         out.extend(self.lines.try_iter());
         format!(
@@ -289,11 +285,7 @@ impl ChildTest {
                 let _ = self.child.kill();
                 let _ = self.child.wait();
                 remove_shm_files(self.child.id());
-                let stderr = self
-                    .stderr
-                    .take()
-                    .map(|h| h.join().unwrap_or_default())
-                    .unwrap_or_default();
+                let stderr = self.take_stderr();
                 panic!(
                     "child {} passed its deadline and was killed; stderr:\n{stderr}",
                     self.name
@@ -307,11 +299,7 @@ impl ChildTest {
         while let Ok(line) = self.lines.recv_timeout(Duration::from_secs(5)) {
             out.push(line);
         }
-        let stderr = self
-            .stderr
-            .take()
-            .map(|h| h.join().unwrap_or_default())
-            .unwrap_or_default();
+        let stderr = self.take_stderr();
         if let Some(why) = plugin_panicked(&stderr) {
             panic!("child {}: {why}; stderr:\n{stderr}", self.name);
         }
