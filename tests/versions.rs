@@ -453,7 +453,7 @@ fn child_reload() {
 
 #[test]
 fn reloading_the_library_leaves_nothing_behind() {
-    // One flow per comm: each cycle's comm would take its first flow on the next of 16 lanes,
+    // One flow per comm: each cycle's comm would take its first flow on the next of 12 lanes,
     // and how many of those linger at a mark (5 s after their comm) varies with the cycle.
     for (p, env) in envs(&[("NCCL_FABRIC_FLOWS", "1")]) {
         let f = run_child("child_reload", &env, scaled(CHILD * 2.0));
