@@ -1169,8 +1169,9 @@ fn rates_of_8_mib_messages() {
 /// pieces of 32 KiB, with 32 flows (31 take pieces, so one takes two of every slice) and
 /// with 33 (one piece each), every connection capped at 100 Mbit/s, two runs each, for
 /// BENCHMARKS.md (`cargo test --release --test flows rates_of_32_and_33 -- --ignored
-/// --nocapture`). Where the hosts' congestion control is BBR, rxm's rendezvous on capped
-/// connections waits on it (docs/performance.md): set cubic before, for the flows' own rates.
+/// --nocapture`). Pieces by rendezvous (`FI_OFI_RXM_BUFFER_SIZE=4096
+/// FI_OFI_RXM_SAR_LIMIT=16384`) wait on BBR's pacing on capped connections
+/// (docs/performance.md): set cubic before, for the flows' own rates.
 #[test]
 #[ignore = "a measurement: prints rates, checks nothing"]
 fn rates_of_32_and_33_flows_capped() {
