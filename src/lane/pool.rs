@@ -115,6 +115,15 @@ impl Opening {
     }
 }
 
+/// Marks an [`Opening`] done when dropped.
+struct MarkDone(Arc<Opening>);
+
+impl Drop for MarkDone {
+    fn drop(&mut self) {
+        self.0.done.store(true, Ordering::Release);
+    }
+}
+
 impl Drop for LanePool {
     /// Lanes nobody uses close with the pool (shared lanes in use keep a weak link only).
     fn drop(&mut self) {
@@ -153,12 +162,12 @@ impl LanePool {
     }
 
     /// Whether a comm of `n` flows in `role` may take its lanes now without opening any:
-    /// `None` if so (or where lanes are a comm's own, or no thread could start: the comm then
-    /// opens them itself; so too where lanes close as soon as nobody uses them), else the
-    /// opening under way, on a thread of its own, of every shared
-    /// lane of the role that is not open. The caller tells NCCL "not yet" until it is done,
-    /// then takes its lanes ([`LanePool::acquire_flows`]), opening there any that failed
-    /// (or closed meanwhile: they linger as lanes nobody uses).
+    /// `None` if so (or where lanes are a comm's own, close as soon as nobody uses them, or
+    /// no thread could start: the comm then opens them itself), else the opening under way,
+    /// on a thread of its own, of the role's shared lanes such a comm takes that are not
+    /// open. The caller tells NCCL "not yet" until it is done, then takes its lanes
+    /// ([`LanePool::acquire_flows`]), opening there any that failed (or closed meanwhile:
+    /// they linger as lanes nobody uses).
     pub fn prepare(self: &Arc<Self>, role: Role, n: usize) -> Option<Arc<Opening>> {
         // Lanes that close as soon as nobody uses them could not wait for their comm.
         if self.config.per_comm || self.config.linger.is_zero() {
@@ -196,6 +205,8 @@ impl LanePool {
         let started = std::thread::Builder::new()
             .name("nfab-open".into())
             .spawn(move || {
+                // Done however the thread ends, so that no connect waits for it forever.
+                let _done = MarkDone(ticket);
                 for index in missing {
                     match pool.acquire_slot(role, index) {
                         // Left lingering in its slot, as a lane whose comms closed.
@@ -206,7 +217,6 @@ impl LanePool {
                         ),
                     }
                 }
-                ticket.done.store(true, Ordering::Release);
             });
         match started {
             Ok(_) => {
