@@ -111,6 +111,16 @@ fn flows_wanted(device: &Device, piece: u64) -> usize {
     }
 }
 
+/// The piece size a comm accepted for `incoming` takes (both ends' offers agreed), and how
+/// many flows it asks for: no more than the connector offered.
+fn accepted_terms(device: &Device, incoming: &Incoming) -> (u64, usize) {
+    let piece = agreed_piece(device.piece, incoming.piece);
+    (
+        piece,
+        flows_wanted(device, piece).min(1 + incoming.flows.len()),
+    )
+}
+
 /// The further flows of `lanes` as a record field: their addresses, each with the comm id
 /// this end chose there (`ids`) or 0. Lanes whose names do not fit the field are let go.
 fn further(lanes: &mut Vec<Arc<Lane>>, ids: &[u64]) -> Vec<u8> {
@@ -187,8 +197,7 @@ impl ListenComm {
                         return Ok(None);
                     };
                     let device: &Device = &plugin.devices[self.device];
-                    let piece = agreed_piece(device.piece, incoming.piece);
-                    let wanted = flows_wanted(device, piece).min(1 + incoming.flows.len());
+                    let (_, wanted) = accepted_terms(device, &incoming);
                     *state = match device.lanes.prepare(Role::Receiving, wanted) {
                         Some(opening) => AcceptState::WaitLanes {
                             incoming: Box::new(incoming),
@@ -287,8 +296,7 @@ impl ListenComm {
             }
         }
         let device: &Device = &plugin.devices[self.device];
-        let piece = agreed_piece(device.piece, incoming.piece);
-        let wanted = flows_wanted(device, piece).min(1 + incoming.flows.len());
+        let (piece, wanted) = accepted_terms(device, &incoming);
         let mut lanes = device.lanes.acquire_flows(Role::Receiving, wanted)?;
         let leases: Vec<_> = lanes.iter().map(|l| l.lease_id()).collect();
         let ids: Vec<u64> = leases.iter().map(|l| l.id).collect();

@@ -45,7 +45,7 @@
 //!   context's preposted buffers; a 2-GPU all_reduce peaked at 4.0 GiB. Unless the user set
 //!   them, the plugin sets shallower queues before libfabric starts ([`RXM_DEFAULTS`]):
 //!   1.5 GiB, busbw within 3% ([`apply_defaults`]). Its eager buffers are 33 KiB, so that the
-//!   pieces of capped connections go eagerly: an endpoint holds 58.8 MiB (2.1; 12.0 with
+//!   pieces of capped connections go eagerly: an endpoint holds 60.2 MiB (2.1; 12.0 with
 //!   4 KiB buffers).
 //! - **shm's full queues**: shm answers a post with `-FI_ENOMEM` when its receive (or send)
 //!   queue has no free entry (reported with libfabric 1.17, receives posted beside a stream
@@ -398,7 +398,7 @@ pub fn names_this_process(provider: &str, addr: &[u8]) -> bool {
 /// all_reduce on the GPU machine 1.92× Socket 2×8 against 1.15–1.19× with every connection
 /// capped at 250 Mbit/s by HTB classes, at 0.62–0.66× Socket's CPU, and uncapped as much as by
 /// rendezvous (BENCHMARKS.md). The price is memory: rxm's pools grow 1024 buffers at a time, so
-/// an endpoint that has carried traffic holds 58.8 MiB in place of 12.0 with 4 KiB buffers
+/// an endpoint that has carried traffic holds 60.2 MiB in place of 12.0 with 4 KiB buffers
 /// (`memory` bench), and opening one takes longer (lanes open off NCCL's calls, see `lane`);
 /// `sizing::MAX_FLOW_LANES` keeps the endpoints few. (Before the rendezvous, rxm's own SAR
 /// limit of 8 eager buffers had sent each 32 KiB piece through 4 KiB buffers in 8 segments,

@@ -122,7 +122,7 @@ pub const MAX_AUTO_FLOWS: usize = 33;
 /// flows of each of the two comms a side that NCCL's two channels open between two ranks are
 /// then 64 connections, none shared (`lane::first_lane`; on 8 lanes they would be 44), so
 /// a network that caps each connection lets them all add up; and not more, for each endpoint
-/// holds rxm's pools of eager buffers (58.8 MiB with the 33 KiB buffers of
+/// holds rxm's pools of eager buffers (60.2 MiB with the 33 KiB buffers of
 /// `quirks::RXM_DEFAULTS`).
 pub const MAX_FLOW_LANES: usize = 12;
 

@@ -25,7 +25,7 @@ use std::time::Duration;
 mod placement;
 mod pool;
 
-pub use placement::{first_lane, flow_lane, lane_thread, most_flows};
+pub use placement::{first_lane, flow_lane, flow_slots, lane_thread, most_flows};
 pub use pool::{Adopt, LaneConfig, LanePool, Opening, Schedule};
 
 /// Which side of a comm pair a lane serves.

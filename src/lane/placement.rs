@@ -30,6 +30,18 @@ pub fn flow_lane(role: Role, k: usize, flows: usize, lanes: usize) -> usize {
     }
 }
 
+/// The lanes, counted in the pool, that the flows of a comm of `flows` flows take where its
+/// first lane is `first`, of `lanes` (see [`flow_lane`]): flow 0's first.
+pub fn flow_slots(
+    role: Role,
+    first: usize,
+    flows: usize,
+    lanes: usize,
+) -> impl Iterator<Item = usize> {
+    let lanes = lanes.max(1);
+    (0..flows).map(move |k| (first + flow_lane(role, k, flows, lanes)) % lanes)
+}
+
 /// The lane the `n`-th comm of a role starts on, of `lanes`, for comms of `flows` flows (the
 /// lanes from the first on) on a device of `rails` NICs. Over several rails, a lane of the
 /// first rail (see `LaneConfig::rails`). Where the lanes hold several whole sets of flows,
@@ -80,7 +92,7 @@ pub fn lane_thread(
 
 #[cfg(test)]
 mod tests {
-    use super::{first_lane, flow_lane, lane_thread, Role};
+    use super::{first_lane, flow_lane, flow_slots, lane_thread, Role};
 
     #[test]
     fn the_first_lanes_of_a_ranks_channels_get_threads_of_their_own() {
@@ -187,15 +199,9 @@ mod tests {
         // capping each connection lets all of them add up.
         let mut pieces = std::collections::HashSet::new();
         for c in 0..2 {
-            let (s, r) = (
-                first_lane(Role::Sending, c, 12, 33, 1),
-                first_lane(Role::Receiving, c, 12, 33, 1),
-            );
-            for k in 1..33 {
-                let pair = (
-                    (s + flow_lane(Role::Sending, k, 33, 12)) % 12,
-                    (r + flow_lane(Role::Receiving, k, 33, 12)) % 12,
-                );
+            let slots = |role| flow_slots(role, first_lane(role, c, 12, 33, 1), 33, 12);
+            let pairs = slots(Role::Sending).zip(slots(Role::Receiving));
+            for (k, pair) in pairs.enumerate().skip(1) {
                 assert!(pieces.insert(pair), "comm {c} flow {k}: {pair:?} taken");
             }
         }

@@ -12,7 +12,7 @@
 //! lane idle that long leaves the pool, and its driver closes the endpoint, or, if the
 //! provider still holds operations, is handed to the control thread to finish the job.
 
-use super::{first_lane, flow_lane, lane_thread, most_flows, Lane, Role, NUDGE};
+use super::{first_lane, flow_slots, lane_thread, most_flows, Lane, Role, NUDGE};
 use crate::driver::{Driver, Health, Inbox};
 use crate::endpoint::Endpoint;
 use crate::error::Result;
@@ -179,9 +179,7 @@ impl LanePool {
             let c = &self.config;
             let first = first_lane(role, *next, lanes.len(), c.flows, c.rails.len());
             let n = n.clamp(1, self.most_flows());
-            let mut wanted: Vec<usize> = (0..n)
-                .map(|k| (first + flow_lane(role, k, n, lanes.len())) % lanes.len())
-                .collect();
+            let mut wanted: Vec<usize> = flow_slots(role, first, n, lanes.len()).collect();
             wanted.sort_unstable();
             wanted.dedup();
             wanted.retain(|&i| {
@@ -260,17 +258,15 @@ impl LanePool {
     }
 
     /// Up to `n` lanes for a new comm, one per flow: the one whose turn it is, then those
-    /// after it in the pool (see [`flow_lane`] where the flows outnumber the lanes). Only the
+    /// after it in the pool (see [`flow_slots`] where the flows outnumber the lanes). Only the
     /// first must open; the comm goes without the others when they fail.
     pub fn acquire_flows(self: &Arc<Self>, role: Role, n: usize) -> Result<Vec<Arc<Lane>>> {
         let first = self.acquire(role)?;
         let (Some(slot), n) = (first.slot, n.min(self.most_flows())) else {
             return Ok(vec![first]);
         };
-        let lanes_per_role = self.config.lanes.max(1);
         let mut lanes = vec![first];
-        for k in 1..n {
-            let index = (slot + flow_lane(role, k, n, lanes_per_role)) % lanes_per_role;
+        for index in flow_slots(role, slot, n, self.config.lanes).skip(1) {
             match self.acquire_slot(role, index) {
                 Ok(lane) => lanes.push(lane),
                 Err(e) => {
