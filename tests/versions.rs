@@ -182,6 +182,14 @@ fn child_many_sends() {
     lib.init(true).expect("init");
     let until = until(60.0);
     let (send, recv) = lib.connect_pair(0, until).expect("connect_pair");
+    // A pair left idle for a while before the first send (NFAB_IDLE_MS): the receiver's
+    // endpoint then has nothing in flight, and no call of the receiver drives it.
+    if let Some(ms) = std::env::var("NFAB_IDLE_MS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+    {
+        std::thread::sleep(std::time::Duration::from_millis(ms));
+    }
     // 32 requests × 8 buffers of sends in flight before any receive.
     let n = 32 * 8;
     let mut src: Vec<Vec<u8>> = (0..n).map(|i| pattern(i, 512)).collect();
@@ -245,6 +253,27 @@ fn grouped_receives_take_the_send_with_their_tag() {
             let f = run_child("child_many_sends", &env, scaled(CHILD));
             ok(&f, &format!("256 sends in flight, v{v} over {p}"));
         }
+    }
+}
+
+/// Sends posted before any receive, to a receiver whose endpoints no call has driven for
+/// longer than the control thread's nudges follow a lane's last work: each provider needs
+/// the receiver's endpoint to progress to take a new connection (rxm accepts a CONNECT, shm
+/// maps the peer) and to take messages off the wire, so idle endpoints of NCCL's calls must
+/// still get turns now and then, or the sends stall until a receive is posted.
+#[test]
+fn sends_reach_a_receiver_left_idle() {
+    for (p, env) in envs(&[
+        ("NCCL_FABRIC_PROGRESS_THREAD", "no"),
+        ("NFAB_IDLE_MS", "1500"),
+    ]) {
+        let mut env = env.clone();
+        env.push(("NFAB_TABLE".into(), "12".into()));
+        let f = run_child("child_many_sends", &env, scaled(CHILD));
+        ok(
+            &f,
+            &format!("256 sends in flight after an idle pause, over {p}"),
+        );
     }
 }
 

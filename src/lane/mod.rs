@@ -68,6 +68,8 @@ pub struct Lane {
     /// When a turn last found work (`control::now_ms`): the provider may still owe the peer
     /// messages of its own then (a rendezvous' acknowledgement), which only turns send.
     last_work: AtomicU64,
+    /// When the control thread last gave it a turn with nothing owed (see `Lane::nudge`).
+    last_idle_turn: AtomicU64,
     pool: Weak<LanePool>,
     /// Its place in the pool (`None`: a lane of one comm).
     slot: Option<usize>,
@@ -189,7 +191,10 @@ impl Lane {
     /// receive's pieces, handed over when its header arrived), or it found work less than
     /// [`NUDGE_TAIL`] ago (a receiver whose last receive completed still owes its sender the
     /// rendezvous' acknowledgement, which the sender's request waits for), and never waited
-    /// for (a call driving it now is the turn).
+    /// for (a call driving it now is the turn). A lane with none of that still gets a turn
+    /// every [`IDLE_NUDGE`]: a peer's first messages to it need one (rxm accepts a
+    /// connection, and tcp reads what arrived, only inside a turn), and a receiver may post
+    /// nothing until its peer's sends are in.
     fn nudge(&self) {
         let now = crate::control::now_ms();
         let since = now.saturating_sub(self.last_call.load(Ordering::Relaxed));
@@ -197,10 +202,18 @@ impl Lane {
             return;
         }
         let worked = now.saturating_sub(self.last_work.load(Ordering::Relaxed));
+        let idle_for = now.saturating_sub(self.last_idle_turn.load(Ordering::Relaxed));
         if let Some(mut link) = self.link.try_lock() {
             if let Some(d) = &mut *link {
                 let owed = worked < NUDGE_TAIL.as_millis() as u64 || !self.inbox.is_empty();
-                if (d.in_flight() > 0 || owed) && d.turn().is_ok_and(|n| n > 0) {
+                let due = d.in_flight() > 0 || owed || idle_for >= IDLE_NUDGE.as_millis() as u64;
+                if !due {
+                    return;
+                }
+                if !owed {
+                    self.last_idle_turn.store(now, Ordering::Relaxed);
+                }
+                if d.turn().is_ok_and(|n| n > 0) {
                     self.last_work.store(now, Ordering::Relaxed);
                 }
             }
@@ -351,3 +364,6 @@ impl Driven for Lane {
 pub const NUDGE: Duration = Duration::from_millis(20);
 /// How long after a lane's last work the control thread keeps nudging it (see `Lane::nudge`).
 const NUDGE_TAIL: Duration = Duration::from_secs(1);
+/// How often the control thread gives a lane NCCL's calls drive a turn when nothing is owed
+/// (see `Lane::nudge`): a few turns a second per idle lane, each a completion read.
+const IDLE_NUDGE: Duration = Duration::from_millis(250);

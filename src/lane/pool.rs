@@ -530,6 +530,7 @@ impl LanePool {
             idle_since: Mutex::new(None),
             last_call: AtomicU64::new(crate::control::now_ms()),
             last_work: AtomicU64::new(crate::control::now_ms()),
+            last_idle_turn: AtomicU64::new(0),
             pool: Arc::downgrade(self),
             slot,
         });
