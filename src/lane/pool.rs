@@ -115,6 +115,17 @@ impl Opening {
     }
 }
 
+/// Lanes an opening holds for its comms: let go (left to linger) when dropped.
+struct Held(Vec<Arc<Lane>>);
+
+impl Drop for Held {
+    fn drop(&mut self) {
+        for lane in self.0.drain(..) {
+            lane.release_user();
+        }
+    }
+}
+
 /// Marks an [`Opening`] done when dropped.
 struct MarkDone(Arc<Opening>);
 
@@ -205,10 +216,15 @@ impl LanePool {
             .spawn(move || {
                 // Done however the thread ends, so that no connect waits for it forever.
                 let _done = MarkDone(ticket);
+                // Held until the last has opened, then left lingering in their slots as
+                // lanes whose comms closed (dropped before `_done`): a lane let go as soon
+                // as it opened could linger out before the last one opened, and the comm
+                // would open it again inside NCCL's call (12 eager endpoints a side took
+                // more than the 5 s linger with six ranks starting on 2 cores).
+                let mut held = Held(Vec::with_capacity(missing.len()));
                 for index in missing {
                     match pool.acquire_slot(role, index) {
-                        // Left lingering in its slot, as a lane whose comms closed.
-                        Ok(lane) => lane.release_user(),
+                        Ok(lane) => held.0.push(lane),
                         Err(e) => tracing::debug!(
                             "opening a {role:?} endpoint on {} ahead of its comm failed: {e}",
                             pool.config.label
