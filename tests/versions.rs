@@ -260,20 +260,23 @@ fn grouped_receives_take_the_send_with_their_tag() {
 /// longer than the control thread's nudges follow a lane's last work: each provider needs
 /// the receiver's endpoint to progress to take a new connection (rxm accepts a CONNECT, shm
 /// maps the peer) and to take messages off the wire, so idle endpoints of NCCL's calls must
-/// still get turns now and then, or the sends stall until a receive is posted.
+/// still get turns now and then, or the sends stall until a receive is posted. Progress
+/// threads asleep on the endpoints' wait objects must wake for it too.
 #[test]
 fn sends_reach_a_receiver_left_idle() {
-    for (p, env) in envs(&[
-        ("NCCL_FABRIC_PROGRESS_THREAD", "no"),
-        ("NFAB_IDLE_MS", "1500"),
-    ]) {
-        let mut env = env.clone();
-        env.push(("NFAB_TABLE".into(), "12".into()));
-        let f = run_child("child_many_sends", &env, scaled(CHILD));
-        ok(
-            &f,
-            &format!("256 sends in flight after an idle pause, over {p}"),
-        );
+    for threads in ["no", "yes"] {
+        for (p, env) in envs(&[
+            ("NCCL_FABRIC_PROGRESS_THREAD", threads),
+            ("NFAB_IDLE_MS", "1500"),
+        ]) {
+            let mut env = env.clone();
+            env.push(("NFAB_TABLE".into(), "12".into()));
+            let f = run_child("child_many_sends", &env, scaled(CHILD));
+            ok(
+                &f,
+                &format!("256 sends after an idle pause, over {p}, progress threads {threads}"),
+            );
+        }
     }
 }
 
