@@ -219,8 +219,8 @@ impl LanePool {
                 // Held until the last has opened, then left lingering in their slots as
                 // lanes whose comms closed (dropped before `_done`): a lane let go as soon
                 // as it opened could linger out before the last one opened, and the comm
-                // would open it again inside NCCL's call (12 eager endpoints a side took
-                // more than the 5 s linger with six ranks starting on 2 cores).
+                // would open it again inside NCCL's call (`conform`, three runs at once on
+                // 2 cores: a connect or accept call of up to 2.6 s).
                 let mut held = Held(Vec::with_capacity(missing.len()));
                 for index in missing {
                     match pool.acquire_slot(role, index) {
