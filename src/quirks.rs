@@ -37,6 +37,12 @@
 //! - **rxm's write rendezvous** (`FI_OFI_RXM_USE_RNDV_WRITE=1`) writes long messages at the
 //!   start of the receive's registration, not into NCCL's receive: refused
 //!   ([`rxm_write_refusal`]).
+//! - **Connections taken only inside a turn**: rxm (seen with 2.1) accepts a peer's CONNECT, and
+//!   tcp reads what arrived, only while the receiving endpoint is progressed. An endpoint
+//!   that NCCL's calls drive and that has nothing posted left the peer's first sends
+//!   waiting (256 sends of 512 B before any receive stalled in `isend` in 3 of 60 runs on a
+//!   loaded 2-core machine), so the control thread turns such an endpoint every 250 ms
+//!   (`Lane::nudge`).
 //! - **Refused connections go unreported**: a CONNECT to a port nobody listens on is retried
 //!   by rxm and tcp, and shm waits for a name that never appears; none fails the send. A
 //!   connect that has waited a second checks the address itself ([`refused`]).
