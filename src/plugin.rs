@@ -113,13 +113,14 @@ pub fn init() -> Result<Arc<Plugin>> {
         Some(Failure::HmemRequired(text)) => return Err(Error::InvalidUsage(text.clone())),
         None => {}
     }
+    let nccl_defaults = crate::quirks::apply_nccl_defaults(&decision.provider);
     let plugin = Arc::new(open_devices(settings, &discovery, &decision)?);
     tracing::info!("{}", plugin.summary);
     if decision.loopback_only {
         tracing::info!("{}", crate::provider::LOOPBACK_ONLY);
     }
     tracing::info!("{}", plugin.sizing);
-    for (d, set) in &defaults {
+    for (d, set) in defaults.iter().chain(&nccl_defaults) {
         if plugin.provider.contains(d.provider) && !set.is_empty() {
             tracing::info!(
                 "{}: {} (set these variables yourself to choose others)",

@@ -445,6 +445,40 @@ pub const PROVIDER_DEFAULTS: &[Defaults] = &[
     },
 ];
 
+/// NCCL's point-to-point chunk over the network, unless the user set it: 512 KiB in place of
+/// NCCL's 128 KiB. NCCL sends each point-to-point transfer as chunks of this size, eight in
+/// flight per channel, and over `tcp;ofi_rxm` each chunk longer than the eager buffers is a
+/// rendezvous of its own. On the GPU machine (two ranks as two hosts, 2 channels) the plugin
+/// over shm, through the same channels, moved sendrecv and alltoall 1.7-1.8x what it moved over
+/// rxm with 128 KiB chunks, so the cost per chunk bound them; with 512 KiB chunks set here
+/// sendrecv moved 1.46x and 1.47x, alltoall 1.40x and 1.42x, what 128 KiB chunks did (averages
+/// over 1-256 and 64-256 MiB), and 1.26-1.50x and 1.60-1.73x Socket 2x8 at 256 MiB
+/// (BENCHMARKS.md). NCCL reads the variable when it sets up a communicator, after the plugin's
+/// `init`, and holds a chunk to an eighth of its buffer (4 MiB unless set).
+pub const RXM_NCCL_DEFAULTS: &[(&str, &str)] = &[("NCCL_P2P_NET_CHUNKSIZE", "524288")];
+
+/// NCCL's own variables the plugin sets once it knows its provider, unless the user did.
+pub const NCCL_DEFAULTS: &[Defaults] = &[Defaults {
+    provider: "ofi_rxm",
+    what: "NCCL's point-to-point chunks of 512 KiB, a rendezvous each over rxm",
+    vars: RXM_NCCL_DEFAULTS,
+}];
+
+/// Sets each of `vars` the environment does not already have; returns those set
+/// (`NAME=value`).
+fn set_unset(vars: &[(&str, &str)]) -> Vec<String> {
+    vars.iter()
+        .filter(|(k, _)| std::env::var_os(k).is_none())
+        .map(|&(k, v)| {
+            // Called from init, before any libfabric call of this plugin and before NCCL
+            // sets up a communicator over it; NCCL's other threads do not read these
+            // variables meanwhile.
+            std::env::set_var(k, v);
+            format!("{k}={v}")
+        })
+        .collect()
+}
+
 /// Sets each variable of [`PROVIDER_DEFAULTS`] the environment does not already have, before
 /// the first `fi_getinfo` of the process (libfabric reads them when it loads its providers);
 /// returns, for each provider's defaults, the ones set (`NAME=value`). Runs once.
@@ -453,23 +487,20 @@ pub fn apply_defaults() -> Vec<(&'static Defaults, Vec<String>)> {
     SET.get_or_init(|| {
         PROVIDER_DEFAULTS
             .iter()
-            .map(|d| {
-                let set = d
-                    .vars
-                    .iter()
-                    .filter(|(k, _)| std::env::var_os(k).is_none())
-                    .map(|&(k, v)| {
-                        // Called from init, before any libfabric call of this plugin; NCCL's
-                        // other threads do not read these variables.
-                        std::env::set_var(k, v);
-                        format!("{k}={v}")
-                    })
-                    .collect();
-                (d, set)
-            })
+            .map(|d| (d, set_unset(d.vars)))
             .collect()
     })
     .clone()
+}
+
+/// Sets the variables of [`NCCL_DEFAULTS`] that serve `provider` (the one chosen) and the
+/// environment does not already have; returns them as [`apply_defaults`] does.
+pub fn apply_nccl_defaults(provider: &str) -> Vec<(&'static Defaults, Vec<String>)> {
+    NCCL_DEFAULTS
+        .iter()
+        .filter(|d| provider.contains(d.provider))
+        .map(|d| (d, set_unset(d.vars)))
+        .collect()
 }
 
 /// Why nothing can be listening at `addr`, if the plugin can tell: a TCP connection refused

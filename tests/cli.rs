@@ -297,8 +297,8 @@ fn doctor_names_the_stale_source_caveat_where_it_applies() {
     assert!(j["caveat"].is_null(), "{j}");
 }
 
-/// The provider variables the plugin sets at init are named in one INFO line for the
-/// provider in use, and one the user set is left alone.
+/// The provider variables (and NCCL's) the plugin sets at init are named in INFO lines for
+/// the provider in use, and one the user set is left alone.
 #[test]
 fn the_plugin_names_the_provider_defaults_it_sets() {
     let info = |provider: &str, env: &[(&str, &str)]| -> String {
@@ -314,9 +314,15 @@ fn the_plugin_names_the_provider_defaults_it_sets() {
     let rxd = info("udp;ofi_rxd", &[]);
     assert!(rxd.contains("FI_OFI_RXD_MAX_UNACKED=32"), "{rxd}");
     assert!(!rxd.contains("FI_OFI_RXM_BUFFER_SIZE"), "{rxd}");
+    assert!(!rxd.contains("NCCL_P2P_NET_CHUNKSIZE"), "{rxd}");
     let rxm = info("tcp;ofi_rxm", &[]);
     assert!(rxm.contains("FI_OFI_RXM_BUFFER_SIZE=33792"), "{rxm}");
     assert!(!rxm.contains("FI_OFI_RXD_MAX_UNACKED"), "{rxm}");
+    // NCCL's own chunk for point-to-point transfers, set only over rxm.
+    assert!(rxm.contains("NCCL_P2P_NET_CHUNKSIZE=524288"), "{rxm}");
     let own = info("udp;ofi_rxd", &[("FI_OFI_RXD_MAX_UNACKED", "64")]);
     assert!(!own.contains("FI_OFI_RXD_MAX_UNACKED"), "{own}");
+    let own = info("tcp;ofi_rxm", &[("NCCL_P2P_NET_CHUNKSIZE", "131072")]);
+    assert!(!own.contains("NCCL_P2P_NET_CHUNKSIZE"), "{own}");
+    assert!(own.contains("FI_OFI_RXM_BUFFER_SIZE=33792"), "{own}");
 }
