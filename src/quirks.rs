@@ -452,8 +452,8 @@ pub const PROVIDER_DEFAULTS: &[Defaults] = &[
 /// over shm, through the same channels, moved sendrecv and alltoall 1.7-1.8x what it moved over
 /// rxm with 128 KiB chunks, so the cost per chunk bound them; with 512 KiB chunks set here
 /// sendrecv moved 1.46x and 1.47x, alltoall 1.40x and 1.42x, what 128 KiB chunks did (averages
-/// over 1-256 and 64-256 MiB), and 1.26-1.50x and 1.60-1.73x Socket 2x8 at 256 MiB
-/// (BENCHMARKS.md). NCCL reads the variable when it sets up a communicator, after the plugin's
+/// over 1-256 and 64-256 MiB), and 1.26-1.50x and 1.39-1.73x Socket 2x8 at 256 MiB in three
+/// rounds (BENCHMARKS.md). NCCL reads the variable when it sets up a communicator, after the plugin's
 /// `init`, and holds a chunk to an eighth of its buffer (4 MiB unless set).
 pub const RXM_NCCL_DEFAULTS: &[(&str, &str)] = &[("NCCL_P2P_NET_CHUNKSIZE", "524288")];
 
