@@ -113,8 +113,10 @@ pub fn init() -> Result<Arc<Plugin>> {
         Some(Failure::HmemRequired(text)) => return Err(Error::InvalidUsage(text.clone())),
         None => {}
     }
-    let nccl_defaults = crate::quirks::apply_nccl_defaults(&decision.provider);
     let plugin = Arc::new(open_devices(settings, &discovery, &decision)?);
+    // Only once init will succeed: where it fails NCCL goes on with another transport, which
+    // these are not meant for.
+    let nccl_defaults = crate::quirks::apply_nccl_defaults(&decision.provider);
     tracing::info!("{}", plugin.summary);
     if decision.loopback_only {
         tracing::info!("{}", crate::provider::LOOPBACK_ONLY);

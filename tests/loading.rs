@@ -99,6 +99,11 @@ fn child_failed_init_then_dlclose() {
         assert!(!table.is_null());
         let rc = ((*table).init)(None);
         println!("RESULT init={rc}");
+        // A failed init leaves NCCL's variables alone: NCCL goes on with another transport.
+        println!(
+            "RESULT chunk={}",
+            std::env::var("NCCL_P2P_NET_CHUNKSIZE").unwrap_or_else(|_| "unset".into())
+        );
         assert_eq!(libc::dlclose(h), 0);
         std::thread::sleep(std::time::Duration::from_millis(200));
         // Loaded again, init is tried again and fails the same way, without a crash.
@@ -124,6 +129,7 @@ fn failed_init_then_dlclose_does_not_crash() {
         Some((NcclResult::SystemError as i32).to_string())
     );
     assert_eq!(f.result("ok").as_deref(), Some("1"));
+    assert_eq!(f.result("chunk").as_deref(), Some("unset"));
 }
 
 /// Child: init/devices/getProperties through the table; prints what it saw.
@@ -139,6 +145,11 @@ fn child_report() {
             return;
         }
     }
+    // NCCL's own variable the plugin sets for its provider (over rxm only).
+    println!(
+        "RESULT chunk={}",
+        std::env::var("NCCL_P2P_NET_CHUNKSIZE").unwrap_or_else(|_| "unset".into())
+    );
     let n = lib.devices().expect("devices");
     println!("RESULT devices={n}");
     let mut names = Vec::new();
@@ -183,6 +194,11 @@ fn tcp_devices_and_properties() {
     );
     assert_eq!(f.result("names").as_deref(), Some("lo"));
     assert_eq!(
+        f.result("chunk").as_deref(),
+        Some("524288"),
+        "NCCL's point-to-point chunk over rxm"
+    );
+    assert_eq!(
         f.result("ptr_support").as_deref(),
         Some("1"),
         "tcp carries host buffers only"
@@ -204,6 +220,11 @@ fn shm_devices_and_properties() {
     assert_eq!(f.result("init").as_deref(), Some("0"), "{}", f.stderr);
     assert_eq!(f.result("devices").as_deref(), Some("1"));
     assert_eq!(f.result("names").as_deref(), Some("shm"));
+    assert_eq!(
+        f.result("chunk").as_deref(),
+        Some("unset"),
+        "set over rxm only"
+    );
     assert_eq!(f.result("ptr_support").as_deref(), Some("1"));
     // No link to report: shared memory is announced as 400 Gb/s, so NCCL opens 4 channels.
     assert_eq!(f.result("speed").as_deref(), Some("400000"));
