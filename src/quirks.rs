@@ -453,8 +453,8 @@ pub const PROVIDER_DEFAULTS: &[Defaults] = &[
 /// rxm with 128 KiB chunks, so the cost per chunk bound them; with 512 KiB chunks set here
 /// sendrecv moved 1.46x and 1.47x, alltoall 1.40x and 1.42x, what 128 KiB chunks did (averages
 /// over 1-256 and 64-256 MiB), and 1.26-1.50x and 1.39-1.73x Socket 2x8 at 256 MiB in three
-/// rounds (BENCHMARKS.md). NCCL reads the variable when it sets up a communicator, after the plugin's
-/// `init`, and holds a chunk to an eighth of its buffer (4 MiB unless set).
+/// rounds (BENCHMARKS.md). NCCL reads the variable when it sets up a communicator, after the
+/// plugin's `init`, and holds a chunk to an eighth of its buffer (4 MiB unless set).
 pub const RXM_NCCL_DEFAULTS: &[(&str, &str)] = &[("NCCL_P2P_NET_CHUNKSIZE", "524288")];
 
 /// NCCL's own variables the plugin sets once it knows its provider, unless the user did.
@@ -470,9 +470,9 @@ fn set_unset(vars: &[(&str, &str)]) -> Vec<String> {
     vars.iter()
         .filter(|(k, _)| std::env::var_os(k).is_none())
         .map(|&(k, v)| {
-            // Called from init, before any libfabric call of this plugin and before NCCL
-            // sets up a communicator over it; NCCL's other threads do not read these
-            // variables meanwhile.
+            // Called from init: libfabric's variables before the plugin's first libfabric
+            // call, NCCL's before NCCL sets up a communicator over the plugin; NCCL's other
+            // threads do not read these variables meanwhile.
             std::env::set_var(k, v);
             format!("{k}={v}")
         })

@@ -85,6 +85,14 @@ fn soname_is_what_ld_preload_needs() {
     );
 }
 
+/// Prints NCCL's point-to-point chunk as this process's environment has it now.
+fn print_chunk() {
+    println!(
+        "RESULT chunk={}",
+        std::env::var("NCCL_P2P_NET_CHUNKSIZE").unwrap_or_else(|_| "unset".into())
+    );
+}
+
 /// Child: what NCCL does with a plugin whose init failed: dlclose it, then carry on.
 #[test]
 #[ignore = "child process of another test"]
@@ -100,10 +108,7 @@ fn child_failed_init_then_dlclose() {
         let rc = ((*table).init)(None);
         println!("RESULT init={rc}");
         // A failed init leaves NCCL's variables alone: NCCL goes on with another transport.
-        println!(
-            "RESULT chunk={}",
-            std::env::var("NCCL_P2P_NET_CHUNKSIZE").unwrap_or_else(|_| "unset".into())
-        );
+        print_chunk();
         assert_eq!(libc::dlclose(h), 0);
         std::thread::sleep(std::time::Duration::from_millis(200));
         // Loaded again, init is tried again and fails the same way, without a crash.
@@ -146,10 +151,7 @@ fn child_report() {
         }
     }
     // NCCL's own variable the plugin sets for its provider (over rxm only).
-    println!(
-        "RESULT chunk={}",
-        std::env::var("NCCL_P2P_NET_CHUNKSIZE").unwrap_or_else(|_| "unset".into())
-    );
+    print_chunk();
     let n = lib.devices().expect("devices");
     println!("RESULT devices={n}");
     let mut names = Vec::new();
