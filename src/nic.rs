@@ -10,9 +10,21 @@
 
 use std::path::{Path, PathBuf};
 
-/// Speed announced when neither the provider, the kernel nor `NCCL_FABRIC_SPEED_MBPS` gives
-/// one (virtio and many virtual NICs report none): 100 Gb/s, what NCCL itself assumes.
-pub const DEFAULT_SPEED_MBPS: u64 = 100_000;
+/// Speed announced to NCCL when neither the provider, the kernel nor `NCCL_FABRIC_SPEED_MBPS`
+/// gives one (virtio and many virtual NICs report none): 25 Gb/s. NCCL's cost model picks
+/// each size's protocol by it, and nothing else about the link is known. On the GPU machine
+/// (H100, two ranks as two hosts over a virtio NIC, `tcp;ofi_rxm`, NCCL 2.28.9, one call) a
+/// 256 KiB all_reduce took 239.5 µs told 100 Gb/s and 102.7 told 25 (Socket as shipped, which
+/// NCCL tells 10 Gb/s, 221.4); 10 Gb/s slowed 64 KiB (81.4 against 66.9), 50 Gb/s left
+/// 128 KiB slow (122.5 against 96.3), and from 1 MiB on all four moved alike (BENCHMARKS.md).
+pub const DEFAULT_SPEED_MBPS: u64 = 25_000;
+
+/// The speed a comm's flows are sized for where the link's speed is a guess: 100 Gb/s, so
+/// that a fast link whose speed goes unreported is not left one flow's worth short where a
+/// network caps each connection (a flow costs nothing while messages go whole on the first).
+/// With the flows of 10 Gb/s (20 in place of 33), all_reduce at 128–256 MiB took 1.27× as
+/// long on the GPU machine.
+pub const DEFAULT_FLOW_SPEED_MBPS: u64 = 100_000;
 
 /// A sysfs tree: `/sys` on a real machine.
 #[derive(Debug, Clone)]
@@ -205,6 +217,9 @@ pub struct Description {
     pub pci_source: String,
     pub speed_mbps: u64,
     pub speed_source: String,
+    /// The speed the device's flows are sized for: `speed_mbps` where that was set or
+    /// reported, [`DEFAULT_FLOW_SPEED_MBPS`] (or more) where it is a guess.
+    pub flow_speed_mbps: u64,
     pub guid: u64,
     pub guid_source: String,
 }
@@ -213,13 +228,17 @@ impl Description {
     /// One line for TRACE and `doctor`.
     pub fn text(&self) -> String {
         format!(
-            "pciPath {} ({}), speed {} Mb/s ({}), guid {:#x} ({}), latency unknown (0)",
+            "pciPath {} ({}), speed {} Mb/s ({}{}), guid {:#x} ({}), latency unknown (0)",
             self.pci_path
                 .as_deref()
                 .map_or("NULL".into(), |p| p.display().to_string()),
             self.pci_source,
             self.speed_mbps,
             self.speed_source,
+            match self.flow_speed_mbps == self.speed_mbps {
+                true => String::new(),
+                false => format!("; flows sized for {} Mb/s", self.flow_speed_mbps),
+            },
             self.guid,
             self.guid_source
         )
@@ -246,15 +265,19 @@ pub fn describe(
     taken: &[u64],
 ) -> Description {
     let (pci_path, pci_source) = sys.pci_path(domain, provider.pci_address.as_deref());
-    let (speed_mbps, speed_source) = if speed_setting > 0 {
-        (speed_setting, "NCCL_FABRIC_SPEED_MBPS".to_string())
-    } else if let Some(bps) = provider.speed_bps.filter(|&b| b > 0) {
+    // A guess (the last two cases) sizes flows for a fast link, whatever NCCL is told.
+    let guessed = |speed: u64| speed.max(DEFAULT_FLOW_SPEED_MBPS);
+    let (speed_mbps, speed_source, flow_speed_mbps) = if speed_setting > 0 {
         (
-            (bps / 1_000_000).max(1),
-            "the provider's link attributes".into(),
+            speed_setting,
+            "NCCL_FABRIC_SPEED_MBPS".to_string(),
+            speed_setting,
         )
+    } else if let Some(bps) = provider.speed_bps.filter(|&b| b > 0) {
+        let mbps = (bps / 1_000_000).max(1);
+        (mbps, "the provider's link attributes".into(), mbps)
     } else if let Some(s) = sys.speed_mbps(domain) {
-        (s, format!("/sys/class/net/{domain}/speed"))
+        (s, format!("/sys/class/net/{domain}/speed"), s)
     } else if sys.class_dir(domain).is_some() {
         let kind = match sys.driver(domain) {
             Some(d) => format!("driver {d}"),
@@ -264,16 +287,18 @@ pub fn describe(
         (
             DEFAULT_SPEED_MBPS,
             format!(
-                "default: the kernel reports no speed for {domain} ({kind}); \
-                 NCCL_FABRIC_SPEED_MBPS sets it, and NCCL sizes its channels by it \
-                 (NCCL_MIN_NCHANNELS sets them alone, without NCCL's cost model seeing \
-                 another speed)"
+                "default: the kernel reports no speed for {domain} ({kind}); NCCL's cost \
+                 model picks each size's protocol and its channels by it; \
+                 NCCL_FABRIC_SPEED_MBPS sets it and the flows' alike (NCCL_MIN_NCHANNELS sets \
+                 the channels alone, without NCCL's cost model seeing another speed)"
             ),
+            guessed(DEFAULT_SPEED_MBPS),
         )
     } else {
         (
             unreported,
             "default for a provider that reports no link; NCCL_FABRIC_SPEED_MBPS sets it".into(),
+            guessed(unreported),
         )
     };
     let (mut guid, guid_source) = match sys.mac(domain) {
@@ -289,6 +314,7 @@ pub fn describe(
         pci_source,
         speed_mbps,
         speed_source,
+        flow_speed_mbps,
         guid,
         guid_source,
     }
@@ -448,7 +474,11 @@ mod tests {
             "{}",
             eth0.pci_source
         );
-        assert_eq!(eth0.speed_mbps, DEFAULT_SPEED_MBPS);
+        assert_eq!(
+            (eth0.speed_mbps, eth0.flow_speed_mbps),
+            (DEFAULT_SPEED_MBPS, DEFAULT_FLOW_SPEED_MBPS)
+        );
+        assert!(eth0.text().contains("flows sized for 100000 Mb/s"));
         assert!(
             eth0.speed_source.contains("driver virtio_net")
                 && eth0.speed_source.contains("NCCL_MIN_NCHANNELS"),
@@ -477,9 +507,11 @@ mod tests {
         assert_eq!(mlx.pci_path, ib0.pci_path);
         assert_eq!(mlx.speed_mbps, 200_000);
         assert!(mlx.pci_source.contains("0000:00:04.0"));
-        assert!(describe(&sys, "mlx5_0", &rdma, 7, 1, &[])
-            .speed_source
-            .contains("NCCL_FABRIC_SPEED_MBPS"));
+        let set = describe(&sys, "mlx5_0", &rdma, 7, 1, &[]);
+        assert!(set.speed_source.contains("NCCL_FABRIC_SPEED_MBPS"));
+        assert_eq!((set.speed_mbps, set.flow_speed_mbps), (7, 7));
+        let set = describe(&sys, "eth0", &none, 7, 1, &[]);
+        assert_eq!((set.speed_mbps, set.flow_speed_mbps), (7, 7));
 
         let veth = describe(&sys, "veth0", &none, 0, 1, &[]);
         assert_eq!(veth.pci_path, None);
@@ -488,7 +520,8 @@ mod tests {
             "{}",
             veth.pci_source
         );
-        assert_eq!(veth.speed_mbps, 10_000);
+        assert_eq!((veth.speed_mbps, veth.flow_speed_mbps), (10_000, 10_000));
+        assert!(!veth.text().contains("flows sized"), "{}", veth.text());
 
         let lo = describe(&sys, "lo", &none, 0, 1, &[]);
         assert!(sys.is_loopback("lo") && !sys.is_loopback("eth0") && !sys.is_loopback("nope"));
@@ -496,7 +529,10 @@ mod tests {
         assert_eq!(lo.guid_source, "a hash of the domain name");
 
         let shm = describe(&sys, "shm", &none, 0, 400_000, &[]);
-        assert_eq!((shm.pci_path.as_ref(), shm.speed_mbps), (None, 400_000));
+        assert_eq!(
+            (shm.pci_path.as_ref(), shm.speed_mbps, shm.flow_speed_mbps),
+            (None, 400_000, 400_000)
+        );
         // Same guid twice: the second device gets another.
         let again = describe(&sys, "eth0", &none, 0, 1, &[eth0.guid]);
         assert_ne!(again.guid, eth0.guid);

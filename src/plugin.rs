@@ -218,6 +218,7 @@ fn open_devices(
             );
             c.domain = names.join("+");
             described.speed_mbps = speeds.iter().sum();
+            described.flow_speed_mbps = group.iter().map(|(_, d)| d.flow_speed_mbps).sum();
         }
         tracing::trace!("dev {index} {}: {}", c.domain, described.text());
         let control_home = match discovery.control_route(ci) {
@@ -323,7 +324,7 @@ fn open_devices(
         let flows = match (can_stripe, settings.flows) {
             (false, _) => 1,
             (true, 0) if one_cpu => 1,
-            (true, 0) => crate::sizing::flows_for(described.speed_mbps),
+            (true, 0) => crate::sizing::flows_for(described.flow_speed_mbps),
             (true, n) => n,
         };
         let lanes =
@@ -396,11 +397,18 @@ fn open_devices(
                 }
                 (1, false, _) => "1 flow per comm (whole messages, or an endpoint per comm)".into(),
                 (n, true, 0) => format!(
-                    "{n} flow(s) per comm ({} Mbps at an assumed {} Mbps per flow, 1 to {}{})",
-                    described.speed_mbps,
+                    "{n} flow(s) per comm ({} Mbps{} at an assumed {} Mbps per flow, 1 to {}{})",
+                    described.flow_speed_mbps,
+                    match described.flow_speed_mbps == described.speed_mbps {
+                        true => String::new(),
+                        false => format!(
+                            " for a link that reports no speed, {} told to NCCL",
+                            described.speed_mbps
+                        ),
+                    },
                     crate::sizing::FLOW_MBPS,
                     crate::sizing::MAX_AUTO_FLOWS,
-                    if n < crate::sizing::flows_for(described.speed_mbps) {
+                    if n < crate::sizing::flows_for(described.flow_speed_mbps) {
                         ", no more than the lanes"
                     } else {
                         ""

@@ -92,7 +92,9 @@ fn settings_shows_values_resolutions_and_mistakes() {
         "auto lanes resolved: {out}"
     );
     assert!(
-        out.contains("33 flows for 100 Gbps, 20 for 10 Gbps"),
+        out.contains(
+            "33 flows for 100 Gbps (and for a link that reports no speed), 20 for 10 Gbps"
+        ),
         "auto flows resolved: {out}"
     );
     assert!(

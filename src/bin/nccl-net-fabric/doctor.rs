@@ -117,13 +117,14 @@ pub fn run(json: bool, verbose: bool) -> ExitCode {
         for (dev, (ci, d)) in described.iter().enumerate() {
             let _ = write!(
                 out,
-                "{}{{\"device\":{dev},\"domain\":{},\"pci_path\":{},\"pci_source\":{},\"speed_mbps\":{},\"speed_source\":{},\"guid\":{},\"guid_source\":{},\"loopback\":{},\"handshake\":{}}}",
+                "{}{{\"device\":{dev},\"domain\":{},\"pci_path\":{},\"pci_source\":{},\"speed_mbps\":{},\"speed_source\":{},\"flow_speed_mbps\":{},\"guid\":{},\"guid_source\":{},\"loopback\":{},\"handshake\":{}}}",
                 if dev > 0 { "," } else { "" },
                 json_str(&discovery.candidates[*ci].domain),
                 d.pci_path.as_ref().map_or("null".into(), |p| json_str(&p.to_string_lossy())),
                 json_str(&d.pci_source),
                 d.speed_mbps,
                 json_str(&d.speed_source),
+                d.flow_speed_mbps,
                 d.guid,
                 json_str(&d.guid_source),
                 discovery.candidates[*ci].loopback,

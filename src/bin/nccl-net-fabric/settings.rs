@@ -17,7 +17,8 @@ fn resolved(name: &str, effective: &str, parsed: Option<&Settings>) -> Option<St
             s.cpus.per_rank()
         )),
         (settings::FLOWS, "0") => Some(format!(
-            "by each device's speed: {} flows for 100 Gbps, {} for 10 Gbps, {} for 1 Gbps",
+            "by each device's speed: {} flows for 100 Gbps (and for a link that reports no \
+             speed), {} for 10 Gbps, {} for 1 Gbps",
             sizing::flows_for(100_000),
             sizing::flows_for(10_000),
             sizing::flows_for(1000)
