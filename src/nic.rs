@@ -20,10 +20,10 @@ use std::path::{Path, PathBuf};
 pub const DEFAULT_SPEED_MBPS: u64 = 25_000;
 
 /// The speed a comm's flows are sized for where the link's speed is a guess: 100 Gb/s, so
-/// that a fast link whose speed goes unreported is not left one flow's worth short where a
-/// network caps each connection (a flow costs nothing while messages go whole on the first).
-/// With the flows of 10 Gb/s (20 in place of 33), all_reduce at 128–256 MiB took 1.27× as
-/// long on the GPU machine.
+/// that a fast link whose speed goes unreported still gets the flows a network that caps each
+/// connection needs (a flow costs nothing while messages go whole on the first). With the
+/// flows of 10 Gb/s (20 in place of 33), all_reduce at 128–256 MiB took 1.27–1.29× as long on
+/// the GPU machine.
 pub const DEFAULT_FLOW_SPEED_MBPS: u64 = 100_000;
 
 /// A sysfs tree: `/sys` on a real machine.

@@ -99,7 +99,8 @@ pub const TABLE: &[Setting] = &[
                   On a comm of 3 flows or more the first carries whole messages and headers, \
                   the others the pieces. \
                   0 = the device's speed over 500 Mbps per flow, from 1 to 33 (33 for 16.5 \
-                  Gbps and up: 32 for pieces); 1 over shared memory, with an endpoint per comm, where messages go \
+                  Gbps and up, and where a NIC reports no speed: 32 for pieces); 1 over shared \
+                  memory, with an endpoint per comm, where messages go \
                   whole, and for a rank bound to one CPU",
     },
     Setting {
@@ -218,10 +219,11 @@ pub const TABLE: &[Setting] = &[
         name: SPEED_MBPS,
         kind: Kind::Number { min: 0, max: 10_000_000 },
         default: "0",
-        meaning: "link speed reported to NCCL, in Mbps (NCCL sizes its channel count by it); 0 = \
-                  from the provider's link attributes, else the kernel's \
-                  (`/sys/class/net/<if>/speed`), else 100000 (virtio and other NICs that report \
-                  none) or 400000 for shm and sm2",
+        meaning: "link speed reported to NCCL, in Mbps (NCCL picks its channel count and each \
+                  size's protocol by it), and the speed flows are sized for; 0 = from the \
+                  provider's link attributes, else the kernel's (`/sys/class/net/<if>/speed`), \
+                  else 25000 to NCCL with flows sized for 100000 (virtio and other NICs that \
+                  report none), or 400000 for shm and sm2",
     },
     Setting {
         name: MERGE,
