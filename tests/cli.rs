@@ -282,6 +282,34 @@ fn reports_read_plainly() {
     }
 }
 
+/// A link that reports no speed (lo) is told to NCCL at 25 Gb/s while its flows are sized for
+/// 100; a speed the user sets is both.
+#[test]
+fn doctor_gives_the_speed_told_and_the_speed_flows_are_sized_for() {
+    let device = |extra: &[(&str, &str)]| {
+        let mut env = vec![
+            ("NCCL_FABRIC_PROVIDER", "tcp;ofi_rxm"),
+            ("NCCL_FABRIC_DOMAINS", "lo"),
+        ];
+        env.extend_from_slice(extra);
+        let o = tool(&["doctor", "--json"], &env);
+        let j: serde_json::Value = serde_json::from_slice(&o.stdout).expect("doctor --json");
+        let d = j["devices"][0].clone();
+        assert_eq!(d["domain"], "lo", "{j}");
+        (d["speed_mbps"].as_u64(), d["flow_speed_mbps"].as_u64(), d)
+    };
+    let (told, flows, d) = device(&[]);
+    assert_eq!((told, flows), (Some(25_000), Some(100_000)), "{d}");
+    assert!(
+        d["speed_source"]
+            .as_str()
+            .is_some_and(|s| s.contains("reports no speed for lo")),
+        "{d}"
+    );
+    let (told, flows, d) = device(&[("NCCL_FABRIC_SPEED_MBPS", "40000")]);
+    assert_eq!((told, flows), (Some(40_000), Some(40_000)), "{d}");
+}
+
 /// The caveat about 1.17 rxm's stale sources appears exactly where it applies.
 #[test]
 fn doctor_names_the_stale_source_caveat_where_it_applies() {

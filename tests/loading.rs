@@ -211,6 +211,11 @@ fn tcp_devices_and_properties() {
         "lo has no PCI device"
     );
     assert_eq!(
+        f.result("speed").as_deref(),
+        Some("25000"),
+        "lo reports no speed: NCCL is told 25 Gb/s"
+    );
+    assert_eq!(
         f.result("bad_device"),
         Some((NcclResult::InvalidArgument as i32).to_string())
     );
