@@ -1,5 +1,6 @@
 //! `nccl-net-fabric settings`: every `NCCL_FABRIC_*` setting as this environment has it.
 
+use nccl_net_fabric::nic;
 use nccl_net_fabric::settings::{self, Settings};
 use nccl_net_fabric::sizing;
 use std::process::ExitCode;
@@ -17,9 +18,10 @@ fn resolved(name: &str, effective: &str, parsed: Option<&Settings>) -> Option<St
             s.cpus.per_rank()
         )),
         (settings::FLOWS, "0") => Some(format!(
-            "by each device's speed: {} flows for 100 Gbps (and for a link that reports no \
+            "by each device's speed: {} flows for {} Gbps (and for a link that reports no \
              speed), {} for 10 Gbps, {} for 1 Gbps",
-            sizing::flows_for(100_000),
+            sizing::flows_for(nic::DEFAULT_FLOW_SPEED_MBPS),
+            nic::DEFAULT_FLOW_SPEED_MBPS / 1000,
             sizing::flows_for(10_000),
             sizing::flows_for(1000)
         )),
