@@ -15,7 +15,9 @@ prefix=$(bash scripts/build-libfabric.sh)
 echo "== format and lint"
 cargo fmt --all --check
 cargo clippy --workspace --all-targets --quiet -- -D warnings
-# The GPU driver (scripts/gpu/run.py): every stage's commands, printed without a GPU.
+# The GPU driver (scripts/gpu/run.py): what it reads back out of nccl-tests logs, then every
+# stage's commands, printed without a GPU.
+python3 -m unittest discover -s scripts/gpu -p 'test_*.py' -q
 stages=$(python3 scripts/gpu/run.py --help | sed -n '/^Stages:/,$p' | awk '/^  [a-z]/ {print $1}')
 if dry=$(OUT=target/gpu-dry-run python3 scripts/gpu/run.py --dry-run $stages 2>&1) &&
   ! grep -q "stage .* failed" <<<"$dry"; then

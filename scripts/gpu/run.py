@@ -68,6 +68,7 @@ STAGES = {
     "capped": hosts.stage_capped,
     "paced": hosts.stage_paced,
     "targets": hosts.stage_targets,
+    "verdict": hosts.stage_verdict,
     "threads": hosts.stage_threads,
     "steps": hosts.stage_steps,
     "ucx": ucx.stage_ucx,

@@ -48,6 +48,7 @@ from gpurun.nccl import (
 )
 from gpurun.build import tool_setup
 from gpurun.torchruns import stage_torchhosts
+from gpurun.verdict import PARTS, prefix, verdict
 
 
 def stage_hosts():
@@ -65,25 +66,24 @@ def stage_hosts():
     plugin_env()
     start_mps()
     test = env_or("HOSTS_TEST", "all_reduce_perf")
-    tag = (f"-{re.sub(r'_perf$', '', test)}" if env_or("HOSTS_TEST") else "") \
-        + (f"-{env_or('HOSTS_TAG')}" if env_or("HOSTS_TAG") else "")
+    first = prefix(env_or("HOSTS_TEST"), env_or("HOSTS_TAG"))
     table_header(f"Two ranks as two hosts on one GPU (MPS), mpirun {env_or('HOSTS_BIND', '--bind-to none')}, "
                  f"{test} {hosts_shape()}")
     shapes = "" if env_or("HOSTS_NO_SOCKET") else os.environ.get("HOSTS_SOCKETS", "socket socket4x4 socket2x8")
-    runs = [(f"hosts{tag}-{shape}", socket(shape)) for shape in shapes.split()]
+    runs = [(f"{first}-{shape}", socket(shape)) for shape in shapes.split()]
     for name, settings in runs:
         hosts_run(name, test, *settings)
-    hosts_run(f"hosts{tag}-fabric", test, *fabric())
-    names = [name for name, _ in runs] + [f"hosts{tag}-fabric"]
+    hosts_run(f"{first}-fabric", test, *fabric())
+    names = [name for name, _ in runs] + [f"{first}-fabric"]
     spec = env_or("HOSTS_FABRIC_VARIANTS", "NCCL_FABRIC_DOMAINS=eth0")
     for i, v in enumerate([] if spec == "none" else variants(spec), 1):
         # The word "baseline" in a variant runs the plugin in $BASELINE_DIR instead.
         if " baseline " in f" {v} ":
-            hosts_run(f"hosts{tag}-fabric-v{i}", test, *baseline(*v.replace("baseline", "").split()))
+            hosts_run(f"{first}-fabric-v{i}", test, *baseline(*v.replace("baseline", "").split()))
         else:
-            hosts_run(f"hosts{tag}-fabric-v{i}", test, *fabric(*v.split()))
-        names.append(f"hosts{tag}-fabric-v{i}")
-        note(f"- hosts{tag}-fabric-v{i}: {v}")
+            hosts_run(f"{first}-fabric-v{i}", test, *fabric(*v.split()))
+        names.append(f"{first}-fabric-v{i}")
+        note(f"- {first}-fabric-v{i}: {v}")
     note("", "The plugin's INFO lines (rank 0) and the NET devices NCCL's channels use:", "```")
     for n in names:
         note(*[f"{n}: {line}"[:400] for line in grep(logf(n), r"NET/Fabric.*(provider |sizing|CPUs|only loopback)", 3)],
@@ -164,25 +164,25 @@ def stage_paced():
 
 
 def stage_targets():
-    """what the performance targets compare, two ranks as two hosts, as much as fits in
-    $TARGETS_BUDGET seconds of the driver (default 540; what does not fit is named in the
-    summary): all_reduce_perf -b 8 -e 1G (Socket as shipped, 4x4, 2x8, the plugin and
-    $HOSTS_FABRIC_VARIANTS), sendrecv_perf and alltoall_perf -b 8 -e 256M, mpirun's default
-    binding (one core per rank; also with progress threads), torchhosts; $TARGETS_PARTS picks
-    (default "allreduce sendrecv alltoall bound torch")"""
-    budget = int(env_or("TARGETS_BUDGET", "540"))
-    parts = {
-        "allreduce": (stage_hosts, dict(MINBYTES="8", MAXBYTES="1G")),
-        "sendrecv": (stage_hosts, dict(MINBYTES="8", MAXBYTES="256M", HOSTS_TEST="sendrecv_perf",
-                                       HOSTS_FABRIC_VARIANTS="none")),
-        "alltoall": (stage_hosts, dict(MINBYTES="8", MAXBYTES="256M", HOSTS_TEST="alltoall_perf",
-                                       HOSTS_FABRIC_VARIANTS="none")),
-        # On one core a progress thread that sleeps may be worth it where one that spins is not.
-        "bound": (stage_hosts, dict(MINBYTES="1M", MAXBYTES="1G", HOSTS_BIND="--bind-to core", HOSTS_TAG="bound",
-                                    HOSTS_FABRIC_VARIANTS="NCCL_FABRIC_PROGRESS_THREAD=yes")),
-        "torch": (stage_torchhosts, {}),
-    }
-    for part in env_or("TARGETS_PARTS", "allreduce sendrecv alltoall bound torch").split():
+    """each performance target of many flows with few threads, two ranks as two hosts, the plugin
+    with its defaults beside Socket as shipped and 2x8 in the same call, as much as fits in
+    $TARGETS_BUDGET seconds of the driver (default 480; what does not fit is named): small
+    (all_reduce_perf 8 B-4 MiB, -n 200 -w 20), allreduce (1 MiB-1 GiB, 4x4 too), sendrecv and
+    alltoall (1-256 MiB), capped (64-256 MiB, every connection at $CAP_RATE, default 250mbit;
+    Socket 2x8 only: as shipped moves less there); then the verdict stage's table. Also bound
+    (mpirun's one core per rank) and torch (torchhosts). $TARGETS_PARTS picks (default "small
+    allreduce sendrecv alltoall capped"), $TARGETS_VARIANTS (;-separated VAR=VALUE lists) adds
+    plugin runs to each part. Set TIMEOUT=45 or so: the default 150 s lets one hang eat the budget"""
+    budget = int(env_or("TARGETS_BUDGET", "480"))
+    extra = env_or("TARGETS_VARIANTS", "none")
+    parts = {part: (stage_capped if part == "capped" else stage_hosts,
+                    dict(HOSTS_TEST=test, HOSTS_TAG=tag, HOSTS_SOCKETS=sockets, HOSTS_FABRIC_VARIANTS=extra,
+                         CAP_RATE=env_or("CAP_RATE", "250mbit"), **settings))
+             for part, (test, tag, sockets, settings) in PARTS.items()}
+    parts["bound"] = (stage_hosts, dict(MINBYTES="1M", MAXBYTES="1G", HOSTS_BIND="--bind-to core", HOSTS_TAG="bound",
+                                        HOSTS_FABRIC_VARIANTS="NCCL_FABRIC_PROGRESS_THREAD=yes"))
+    parts["torch"] = (stage_torchhosts, {})
+    for part in env_or("TARGETS_PARTS", "small allreduce sendrecv alltoall capped").split():
         if seconds() >= budget:
             note(f"- targets: {part} not run ({seconds()}s of the {budget}s budget used)")
             continue
@@ -191,8 +191,20 @@ def stage_targets():
             log(f"targets: no part {part}")
             continue
         stage, settings = parts[part]
-        with overriding(**settings):
-            stage()
+        try:
+            with overriding(**settings):
+                stage()
+        except Failed as e:
+            note(f"- targets: {part} failed{f' ({e})' if str(e) else ''}")
+    stage_verdict()
+
+
+def stage_verdict():
+    """the targets table from the targets stage's logs in $OUT/logs (also on logs fetched from a GPU
+    machine): for each target the plugin, Socket as shipped and 2x8 from the same call, the ratio,
+    and whether it is met"""
+    note("", "## The targets (scripts/gpu/gpurun/verdict.py, from this call's runs)", "",
+         *verdict(f"{OUT}/logs"))
 
 
 THREADS_RUNS = {"socket": socket, "socket2x8": lambda: socket("socket2x8"), "fabric": fabric,
