@@ -455,12 +455,26 @@ pub const PROVIDER_DEFAULTS: &[Defaults] = &[
 /// over 1-256 and 64-256 MiB), and 1.26-1.50x and 1.39-1.73x Socket 2x8 at 256 MiB in three
 /// rounds (BENCHMARKS.md). NCCL reads the variable when it sets up a communicator, after the
 /// plugin's `init`, and holds a chunk to an eighth of its buffer (4 MiB unless set).
-pub const RXM_NCCL_DEFAULTS: &[(&str, &str)] = &[("NCCL_P2P_NET_CHUNKSIZE", "524288")];
+///
+/// And NCCL's point-to-point channels per network peer: NCCL 2.28 opens 2, NCCL 2.30 one per
+/// `NCCL_P2P_PER_CHANNEL_NET_BW` GB/s of the NIC's speed (14 unless set), which is one channel
+/// for any NIC under 112 Gb/s, and one channel is one connection's worth over TCP here. With 2
+/// GB/s a channel, a NIC of 25 Gb/s gets 2 (what 2.28 gives), one of 10 Gb/s still one. On the
+/// GPU machine (NCCL 2.30.7, two ranks as two hosts, H100, 2026-12-07 21:28-21:33) sendrecv
+/// moved 3.84 GB/s on average over 1-256 MiB through one channel and 6.15 through two, as
+/// much as Socket 2x8 (3.84) and 1.60x; alltoall 3.86 and 6.20 against 3.83 (BENCHMARKS.md).
+/// NCCL 2.28 has no such variable: there it changes nothing.
+pub const RXM_NCCL_DEFAULTS: &[(&str, &str)] = &[
+    ("NCCL_P2P_NET_CHUNKSIZE", "524288"),
+    ("NCCL_P2P_PER_CHANNEL_NET_BW", "2"),
+];
 
 /// NCCL's own variables the plugin sets once it knows its provider, unless the user did.
 pub const NCCL_DEFAULTS: &[Defaults] = &[Defaults {
     provider: "ofi_rxm",
-    what: "NCCL's point-to-point chunks of 512 KiB, a rendezvous each over rxm",
+    what:
+        "NCCL's point-to-point chunks of 512 KiB, a rendezvous each over rxm, and 2 point-to-point \
+           channels per network peer on NCCL 2.30",
     vars: RXM_NCCL_DEFAULTS,
 }];
 

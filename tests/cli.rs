@@ -345,14 +345,18 @@ fn the_plugin_names_the_provider_defaults_it_sets() {
     assert!(rxd.contains("FI_OFI_RXD_MAX_UNACKED=32"), "{rxd}");
     assert!(!rxd.contains("FI_OFI_RXM_BUFFER_SIZE"), "{rxd}");
     assert!(!rxd.contains("NCCL_P2P_NET_CHUNKSIZE"), "{rxd}");
+    assert!(!rxd.contains("NCCL_P2P_PER_CHANNEL_NET_BW"), "{rxd}");
     let rxm = info("tcp;ofi_rxm", &[]);
     assert!(rxm.contains("FI_OFI_RXM_BUFFER_SIZE=33792"), "{rxm}");
     assert!(!rxm.contains("FI_OFI_RXD_MAX_UNACKED"), "{rxm}");
-    // NCCL's own chunk for point-to-point transfers, set only over rxm.
+    // NCCL's own chunk for point-to-point transfers, and its channels per network peer on
+    // 2.30, set only over rxm.
     assert!(rxm.contains("NCCL_P2P_NET_CHUNKSIZE=524288"), "{rxm}");
+    assert!(rxm.contains("NCCL_P2P_PER_CHANNEL_NET_BW=2"), "{rxm}");
     let own = info("udp;ofi_rxd", &[("FI_OFI_RXD_MAX_UNACKED", "64")]);
     assert!(!own.contains("FI_OFI_RXD_MAX_UNACKED"), "{own}");
     let own = info("tcp;ofi_rxm", &[("NCCL_P2P_NET_CHUNKSIZE", "131072")]);
     assert!(!own.contains("NCCL_P2P_NET_CHUNKSIZE"), "{own}");
+    assert!(own.contains("NCCL_P2P_PER_CHANNEL_NET_BW=2"), "{own}");
     assert!(own.contains("FI_OFI_RXM_BUFFER_SIZE=33792"), "{own}");
 }

@@ -85,12 +85,12 @@ fn soname_is_what_ld_preload_needs() {
     );
 }
 
-/// Prints NCCL's point-to-point chunk as this process's environment has it now.
-fn print_chunk() {
-    println!(
-        "RESULT chunk={}",
-        std::env::var("NCCL_P2P_NET_CHUNKSIZE").unwrap_or_else(|_| "unset".into())
-    );
+/// Prints NCCL's point-to-point chunk, and the rate NCCL 2.30 gives a point-to-point channel,
+/// as this process's environment has them now.
+fn print_nccl_vars() {
+    let var = |k| std::env::var(k).unwrap_or_else(|_| "unset".into());
+    println!("RESULT chunk={}", var("NCCL_P2P_NET_CHUNKSIZE"));
+    println!("RESULT p2p_bw={}", var("NCCL_P2P_PER_CHANNEL_NET_BW"));
 }
 
 /// Child: what NCCL does with a plugin whose init failed: dlclose it, then carry on.
@@ -108,7 +108,7 @@ fn child_failed_init_then_dlclose() {
         let rc = ((*table).init)(None);
         println!("RESULT init={rc}");
         // A failed init leaves NCCL's variables alone: NCCL goes on with another transport.
-        print_chunk();
+        print_nccl_vars();
         assert_eq!(libc::dlclose(h), 0);
         std::thread::sleep(std::time::Duration::from_millis(200));
         // Loaded again, init is tried again and fails the same way, without a crash.
@@ -135,6 +135,7 @@ fn failed_init_then_dlclose_does_not_crash() {
     );
     assert_eq!(f.result("ok").as_deref(), Some("1"));
     assert_eq!(f.result("chunk").as_deref(), Some("unset"));
+    assert_eq!(f.result("p2p_bw").as_deref(), Some("unset"));
 }
 
 /// Child: init/devices/getProperties through the table; prints what it saw.
@@ -151,7 +152,7 @@ fn child_report() {
         }
     }
     // NCCL's own variable the plugin sets for its provider (over rxm only).
-    print_chunk();
+    print_nccl_vars();
     let n = lib.devices().expect("devices");
     println!("RESULT devices={n}");
     let mut names = Vec::new();
@@ -201,6 +202,11 @@ fn tcp_devices_and_properties() {
         "NCCL's point-to-point chunk over rxm"
     );
     assert_eq!(
+        f.result("p2p_bw").as_deref(),
+        Some("2"),
+        "2 point-to-point channels per network peer on NCCL 2.30 over rxm"
+    );
+    assert_eq!(
         f.result("ptr_support").as_deref(),
         Some("1"),
         "tcp carries host buffers only"
@@ -231,6 +237,11 @@ fn shm_devices_and_properties() {
         f.result("chunk").as_deref(),
         Some("unset"),
         "set over rxm only"
+    );
+    assert_eq!(
+        f.result("p2p_bw").as_deref(),
+        Some("unset"),
+        "over rxm only"
     );
     assert_eq!(f.result("ptr_support").as_deref(), Some("1"));
     // No link to report: shared memory is announced as 400 Gb/s, so NCCL opens 4 channels.
