@@ -454,6 +454,25 @@ pub fn rss_kib() -> u64 {
         .unwrap_or(0)
 }
 
+/// The resident set size once it has stopped growing (the same for half a second), or as it
+/// is after `limit`: an rxm endpoint fills its buffer pools (60 MiB with the plugin's eager
+/// buffers) in its first turns after a connection, which may come after the call that made
+/// the comm has returned.
+pub fn settled_rss_kib(limit: Duration) -> u64 {
+    let end = Instant::now() + limit;
+    let (mut last, mut since) = (rss_kib(), Instant::now());
+    while Instant::now() < end {
+        std::thread::sleep(Duration::from_millis(50));
+        let now = rss_kib();
+        if now != last {
+            (last, since) = (now, Instant::now());
+        } else if since.elapsed() >= Duration::from_millis(500) {
+            break;
+        }
+    }
+    last
+}
+
 /// Deterministic payload for message `i` of `len` bytes.
 pub fn pattern(i: usize, len: usize) -> Vec<u8> {
     (0..len)
