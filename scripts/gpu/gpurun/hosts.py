@@ -30,6 +30,7 @@ from gpurun.runner import (
     mkdirs,
     need,
     overriding,
+    prepend_library_path,
     seconds,
     start,
     timed,
@@ -172,9 +173,18 @@ def stage_targets():
     Socket 2x8 only: as shipped moves less there); then the verdict stage's table. Also bound
     (mpirun's one core per rank) and torch (torchhosts). $TARGETS_PARTS picks (default "small
     allreduce sendrecv alltoall capped"), $TARGETS_VARIANTS (;-separated VAR=VALUE lists) adds
-    plugin runs to each part. Set TIMEOUT=45 or so: the default 150 s lets one hang eat the budget"""
+    plugin runs to each part. $TARGETS_NCCL names an NCCL the ncclbuild stage built (a tag, e.g.
+    2.30.7-1): every part then runs with it and nccl-tests built against it. Set TIMEOUT=45 or
+    so: the default 150 s lets one hang eat the budget"""
     budget = int(env_or("TARGETS_BUDGET", "480"))
     extra = env_or("TARGETS_VARIANTS", "none")
+    tag = env_or("TARGETS_NCCL")
+    if tag:
+        lib, tests = f"{WORK}/nccl-{tag}/build/lib", f"{WORK}/nccl-tests-mpi-{tag}"
+        need(os.path.exists(f"{lib}/libnccl.so") and executable(f"{tests}/all_reduce_perf"),
+             f"targets: NCCL {tag} is not built (run the ncclbuild stage with NCCL_TAGS={tag})")
+        prepend_library_path(lib)
+        os.environ["HOSTS_TESTS_DIR"] = tests
     parts = {part: (stage_capped if part == "capped" else stage_hosts,
                     dict(HOSTS_TEST=test, HOSTS_TAG=tag, HOSTS_SOCKETS=sockets, HOSTS_FABRIC_VARIANTS=extra,
                          CAP_RATE=env_or("CAP_RATE", "250mbit"), **settings))
@@ -203,7 +213,8 @@ def stage_verdict():
     """the targets table from the targets stage's logs in $OUT/logs (also on logs fetched from a GPU
     machine): for each target the plugin, Socket as shipped and 2x8 from the same call, the ratio,
     and whether it is met"""
-    note("", "## The targets (scripts/gpu/gpurun/verdict.py, from this call's runs)", "",
+    nccl = f"NCCL {env_or('TARGETS_NCCL')}" if env_or("TARGETS_NCCL") else "PyTorch's NCCL"
+    note("", f"## The targets ({nccl}; scripts/gpu/gpurun/verdict.py, from this call's runs)", "",
          *verdict(f"{OUT}/logs"))
 
 

@@ -135,12 +135,13 @@ def tests_run(name, test, *settings):
 def hosts_run(name, test, *settings):
     """TEST as two ranks, each a host of its own to NCCL (NCCL_HOSTID), on GPU 0, every byte over
     the network transport; CPU seconds of both ranks, peak RSS of the larger; a summary row.
+    $HOSTS_TESTS_DIR names another MPI build of nccl-tests (default $NCCL_TESTS_MPI_DIR).
     $HOSTS_ENV (VAR=VALUE ...) goes to every run, Socket's too. A run still going 10 s before its
     time is up leaves every thread's stack in NAME.stacks."""
     log(f"run {name} ({test}, two hosts)")
     t0 = seconds()
     cmd = [*mpirun(env_or("HOSTS_BIND", "--bind-to none")), *AS_HOST, *INFO, *env_or("HOSTS_ENV").split(), *settings,
-           f"{NCCL_TESTS_MPI_DIR}/{test}", "-b", env_or("MINBYTES", "1M"), "-e", env_or("MAXBYTES", "1G"), "-f", "2",
+           f"{env_or('HOSTS_TESTS_DIR', NCCL_TESTS_MPI_DIR)}/{test}", "-b", env_or("MINBYTES", "1M"), "-e", env_or("MAXBYTES", "1G"), "-f", "2",
            "-g", "1", "-n", env_or("ITERS", "10"), "-w", env_or("WARMUP", "3")]
     proc = start(measured(name, timed(cmd)), out=logf(name))
 
