@@ -462,7 +462,8 @@ pub const PROVIDER_DEFAULTS: &[Defaults] = &[
 /// GB/s a channel, a NIC of 25 Gb/s gets 2 (what 2.28 gives), one of 10 Gb/s still one. On the
 /// GPU machine (NCCL 2.30.7, two ranks as two hosts, H100, 2026-12-07 21:28-21:33) sendrecv
 /// moved 3.84 GB/s on average over 1-256 MiB through one channel and 6.15 through two, as
-/// much as Socket 2x8 (3.84) and 1.60x; alltoall 3.86 and 6.20 against 3.83 (BENCHMARKS.md).
+/// much as Socket 2x8 (3.84) and 1.60x; alltoall 3.86 and 6.20 against 3.83; set here, on
+/// another H100, sendrecv 2.08x and alltoall 1.76x Socket 2x8 at 256 MiB (BENCHMARKS.md).
 /// NCCL 2.28 has no such variable: there it changes nothing.
 pub const RXM_NCCL_DEFAULTS: &[(&str, &str)] = &[
     ("NCCL_P2P_NET_CHUNKSIZE", "524288"),

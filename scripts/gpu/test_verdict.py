@@ -89,6 +89,10 @@ class Verdict(unittest.TestCase):
         self.assertIn("4 busy thread(s) at 8 CPUs for the rank", r)
         self.assertIn("4 against 2 allowed | **not met** |", r)
 
+    def test_busy_threads_from_any_run_of_the_plugin(self):
+        write(self.logs, run_name("alltoall", "fabric"), {256 * MIB: (15000.0, 6.2)}, 6.2, sizing=SIZING)
+        self.assertIn("4 against 2 allowed", row_of(verdict(self.logs), "busy plugin threads"))
+
     def test_capped_judged_at_its_largest_size(self):
         write(self.logs, run_name("capped", "fabric"), {64 * MIB: (1.0, 1.8), 256 * MIB: (2.0, 1.9)}, 1.85)
         write(self.logs, run_name("capped", "socket2x8"), {64 * MIB: (1.0, 0.9), 256 * MIB: (2.0, 0.95)}, 0.9,

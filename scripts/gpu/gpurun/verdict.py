@@ -194,7 +194,8 @@ def verdict(logs):
                                                                  for s in ("fabric", "socket", "socket2x8"))),
         point_to_point_row("alltoall 256 MiB ≥ 1.5× Socket 2×8", *(run("alltoall", s)
                                                                  for s in ("fabric", "socket", "socket2x8"))),
-        threads_row(big[0] or small[0]),
+        threads_row(next((r for r in (big[0], small[0], run("sendrecv", "fabric"), run("alltoall", "fabric"),
+                                      capped[0]) if r.sizing()), None)),
     ]
     return ["| target | plugin | Socket as shipped | Socket 2×8 | ratio | status |",
             "| --- | --- | --- | --- | --- | --- |", *rows]
