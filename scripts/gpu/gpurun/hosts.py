@@ -24,6 +24,7 @@ from gpurun.runner import (
     capture,
     executable,
     execute,
+    export,
     failed_build,
     log,
     logf,
@@ -178,13 +179,13 @@ def stage_targets():
     so: the default 150 s lets one hang eat the budget"""
     budget = int(env_or("TARGETS_BUDGET", "480"))
     extra = env_or("TARGETS_VARIANTS", "none")
-    tag = env_or("TARGETS_NCCL")
-    if tag:
-        lib, tests = f"{WORK}/nccl-{tag}/build/lib", f"{WORK}/nccl-tests-mpi-{tag}"
+    nccl = env_or("TARGETS_NCCL")
+    if nccl:
+        lib, tests = f"{WORK}/nccl-{nccl}/build/lib", f"{WORK}/nccl-tests-mpi-{nccl}"
         need(os.path.exists(f"{lib}/libnccl.so") and executable(f"{tests}/all_reduce_perf"),
-             f"targets: NCCL {tag} is not built (run the ncclbuild stage with NCCL_TAGS={tag})")
+             f"targets: NCCL {nccl} is not built (run the ncclbuild stage with NCCL_TAGS={nccl})")
         prepend_library_path(lib)
-        os.environ["HOSTS_TESTS_DIR"] = tests
+        export("HOSTS_TESTS_DIR", tests)
     parts = {part: (stage_capped if part == "capped" else stage_hosts,
                     dict(HOSTS_TEST=test, HOSTS_TAG=tag, HOSTS_SOCKETS=sockets, HOSTS_FABRIC_VARIANTS=extra,
                          CAP_RATE=env_or("CAP_RATE", "250mbit"), **settings))
