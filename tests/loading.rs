@@ -151,7 +151,7 @@ fn child_report() {
             return;
         }
     }
-    // NCCL's own variable the plugin sets for its provider (over rxm only).
+    // NCCL's own variables the plugin sets for its provider (over rxm only).
     print_nccl_vars();
     let n = lib.devices().expect("devices");
     println!("RESULT devices={n}");

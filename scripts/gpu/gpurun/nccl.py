@@ -140,8 +140,9 @@ def hosts_run(name, test, *settings):
     time is up leaves every thread's stack in NAME.stacks."""
     log(f"run {name} ({test}, two hosts)")
     t0 = seconds()
+    tests = env_or("HOSTS_TESTS_DIR", NCCL_TESTS_MPI_DIR)
     cmd = [*mpirun(env_or("HOSTS_BIND", "--bind-to none")), *AS_HOST, *INFO, *env_or("HOSTS_ENV").split(), *settings,
-           f"{env_or('HOSTS_TESTS_DIR', NCCL_TESTS_MPI_DIR)}/{test}", "-b", env_or("MINBYTES", "1M"), "-e", env_or("MAXBYTES", "1G"), "-f", "2",
+           f"{tests}/{test}", "-b", env_or("MINBYTES", "1M"), "-e", env_or("MAXBYTES", "1G"), "-f", "2",
            "-g", "1", "-n", env_or("ITERS", "10"), "-w", env_or("WARMUP", "3")]
     proc = start(measured(name, timed(cmd)), out=logf(name))
 
