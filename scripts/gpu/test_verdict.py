@@ -83,6 +83,25 @@ class Verdict(unittest.TestCase):
         self.assertIn("1.55× 2×8, 3.50× as shipped", r)
         self.assertTrue(r.endswith("| met |"), r)
 
+    def test_a_socket_2x8_slower_than_as_shipped_judges_nothing(self):
+        g = 1024 * MIB
+        write(self.logs, run_name("allreduce", "fabric"), {512 * MIB: (1.0, 4.5), g: (2.0, 4.2)}, 2.8, cpu=90.0)
+        write(self.logs, run_name("allreduce", "socket"), {512 * MIB: (3.0, 2.8), g: (5.0, 2.9)}, 2.5)
+        write(self.logs, run_name("allreduce", "socket2x8"), {512 * MIB: (2.0, 1.9), g: (3.0, 1.9)}, 1.5, cpu=220.0)
+        r = row_of(verdict(self.logs), "all_reduce uncapped")
+        self.assertIn("512 MiB 2.37×", r)
+        self.assertTrue(r.endswith("| **baseline disturbed**: Socket 2×8 slower than as shipped; run again |"), r)
+        s = 256 * MIB
+        write(self.logs, run_name("sendrecv", "fabric"), {s: (41000.0, 6.5)}, 4.7)
+        write(self.logs, run_name("sendrecv", "socket"), {s: (138000.0, 1.9)}, 2.05)
+        # Faster than as shipped at 256 MiB, slower on average.
+        write(self.logs, run_name("sendrecv", "socket2x8"), {s: (121000.0, 2.2)}, 1.96)
+        r = row_of(verdict(self.logs), "sendrecv")
+        self.assertIn("2.95× 2×8", r)
+        self.assertIn("**baseline disturbed**", r)
+        write(self.logs, run_name("sendrecv", "socket2x8"), {s: (62000.0, 4.3)}, 4.1)
+        self.assertTrue(row_of(verdict(self.logs), "sendrecv").endswith("| met |"))
+
     def test_busy_threads_from_the_sizing_line(self):
         self.big(fabric_gib=6.0, fabric_avg=6.0)
         r = row_of(verdict(self.logs), "busy plugin threads")
