@@ -26,12 +26,19 @@ def table_header(title):
 def row(name, test, rc, secs, cost_=""):
     """The summary row (see table_header) of run NAME from its nccl-tests log."""
     path = logf(name)
-    avg = [re.sub(r"[ A-Z]", "", (line.split(":") + [""])[1]) for line in lines(path) if "Avg bus bandwidth" in line]
+    avg = average(lines(path))
     gib = [w[7] for w in results(path) if w[0] == "1073741824"]
     via = grep(path, r"via NET/[A-Za-z]*", 1, only=True)
     status = "ok" if rc == 0 else f"HUNG (killed after {TIMEOUT}s)" if rc in (124, 137) else f"failed rc={rc}"
-    note(f"| {name} | {test} | {via[0] if via else '?'} | {gib[-1] if gib else '-'} | {(avg or [''])[-1] or '-'} "
+    note(f"| {name} | {test} | {via[0] if via else '?'} | {gib[-1] if gib else '-'} | {avg or '-'} "
          f"| {wrong(path)} | {status} | {secs}s | {cost_.rsplit(' rc=', 1)[0]} |")
+
+
+def average(log):
+    """nccl-tests' average busbw as the last "Avg bus bandwidth" line of LOG (its lines) gives it,
+    as text; empty if none."""
+    found = [re.sub(r"[ A-Z]", "", (line.split(":") + [""])[1]) for line in log if "Avg bus bandwidth" in line]
+    return found[-1] if found else ""
 
 
 def grep(path, pattern, limit=None, only=False):

@@ -3,7 +3,7 @@ threads: the plugin beside Socket as shipped and 2x8 from the same call, read ba
 runs' logs, one table row per target, with the ratio and whether it is met."""
 import re
 
-from gpurun.record import results
+from gpurun.record import average, results
 from gpurun.runner import lines
 
 # The parts of the targets stage: nccl-tests binary, the tag its runs are named by, Socket's
@@ -63,10 +63,9 @@ class Run:
 
     def average(self):
         """nccl-tests' average busbw (GB/s)."""
-        found = [line.split(":", 1)[1] for line in self.text if "Avg bus bandwidth" in line]
         try:
-            return float(found[-1].split()[0]) if found else None
-        except (IndexError, ValueError):
+            return float(average(self.text))
+        except ValueError:
             return None
 
     def cpu(self):
@@ -144,11 +143,11 @@ def point_to_point_row(what, fabric, shipped, tuned, size=256 * MIB):
     if not fabric or not tuned:
         return f"| {what} | not run | | | | - |"
     f, s, t = fabric.time(size), shipped.time(size) if shipped else None, tuned.time(size)
+    shipped_average = shipped.average() if shipped else None
     r = ratio(t, f)
-    bad = disturbed([(ratio(size, s), ratio(size, t)),
-                     (shipped.average() if shipped else None, tuned.average())])
+    bad = disturbed([(ratio(size, s), ratio(size, t)), (shipped_average, tuned.average())])
     return (f"| {what} | {fmt(f, 0)} µs, average {fmt(fabric.average())} GB/s; {fmt(fabric.cpu(), 1)} CPU-s | "
-            f"{fmt(s, 0)} µs, {fmt(shipped.average() if shipped else None)} GB/s | "
+            f"{fmt(s, 0)} µs, {fmt(shipped_average)} GB/s | "
             f"{fmt(t, 0)} µs, {fmt(tuned.average())} GB/s; {fmt(tuned.cpu(), 1)} CPU-s | "
             f"{fmt(r)}× 2×8, {fmt(ratio(s, f))}× as shipped; CPU {fmt(ratio(fabric.cpu(), tuned.cpu()))}× | "
             f"{met(None if r is None else r >= WIN, bad)} |")
@@ -193,8 +192,11 @@ def verdict(logs):
     def run(part, shape):
         return Run(logs, run_name(part, shape))
 
-    big = [run("allreduce", s) for s in ("fabric", "socket", "socket2x8")]
-    capped = [run("capped", s) for s in ("fabric", "socket", "socket2x8")]
+    def trio(part):
+        """PART's runs of the plugin, Socket as shipped and Socket 2x8."""
+        return [run(part, s) for s in ("fabric", "socket", "socket2x8")]
+
+    big, capped, sendrecv, alltoall = trio("allreduce"), trio("capped"), trio("sendrecv"), trio("alltoall")
     largest = capped[0].largest() or 256 * MIB
     small = [run("small", s) for s in ("fabric", "socket")]
     rows = [
@@ -203,12 +205,9 @@ def verdict(logs):
         bandwidth_row(f"all_reduce per-connection cap ≥ 1.5× Socket 2×8 at {size_text(largest)} and on average, "
                       "CPU-s ≤", *capped, [largest]),
         every_size_row([small[:2], big[:2]]),
-        point_to_point_row("sendrecv 256 MiB ≥ 1.5× Socket 2×8", *(run("sendrecv", s)
-                                                                 for s in ("fabric", "socket", "socket2x8"))),
-        point_to_point_row("alltoall 256 MiB ≥ 1.5× Socket 2×8", *(run("alltoall", s)
-                                                                 for s in ("fabric", "socket", "socket2x8"))),
-        threads_row(next((r for r in (big[0], small[0], run("sendrecv", "fabric"), run("alltoall", "fabric"),
-                                      capped[0]) if r.sizing()), None)),
+        point_to_point_row("sendrecv 256 MiB ≥ 1.5× Socket 2×8", *sendrecv),
+        point_to_point_row("alltoall 256 MiB ≥ 1.5× Socket 2×8", *alltoall),
+        threads_row(next((r for r in (big[0], small[0], sendrecv[0], alltoall[0], capped[0]) if r.sizing()), None)),
     ]
     return ["| target | plugin | Socket as shipped | Socket 2×8 | ratio | status |",
             "| --- | --- | --- | --- | --- | --- |", *rows]
