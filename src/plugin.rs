@@ -426,6 +426,7 @@ fn open_devices(
                 false => 0,
             },
             calls_help: settings.calls_help,
+            inline_post: settings.inline_post_bytes,
             lanes,
             flows,
             per_comm,

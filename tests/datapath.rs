@@ -289,6 +289,22 @@ fn two_ranks_on_threads_with_progress_threads() {
     );
 }
 
+/// Progress threads posting every operation themselves, and NCCL's calls posting all but
+/// the longest (the default posts up to 16 KiB from the call): each order of posting keeps
+/// every message in its place.
+#[test]
+fn two_ranks_on_threads_with_progress_threads_posting_more_or_less() {
+    for bytes in ["0", "1048576"] {
+        for_each_provider(
+            "child_two_ranks_threads",
+            &[
+                ("NCCL_FABRIC_PROGRESS_THREAD", "yes"),
+                ("NCCL_FABRIC_INLINE_POST_BYTES", bytes),
+            ],
+        );
+    }
+}
+
 #[test]
 fn two_ranks_on_threads_with_an_endpoint_per_comm() {
     for_each_provider(

@@ -57,6 +57,15 @@ pub enum Transfer {
     },
 }
 
+impl Transfer {
+    /// NCCL's bytes: what is sent, or the room of a receive.
+    pub fn bytes(&self) -> usize {
+        match *self {
+            Transfer::Send { len, .. } | Transfer::Recv { len, .. } => len,
+        }
+    }
+}
+
 /// An operation for the driver to post.
 pub struct Post {
     pub op: *const Op,
@@ -116,6 +125,12 @@ impl Inbox {
     }
     pub fn is_empty(&self) -> bool {
         self.len.load(Ordering::Acquire) == 0
+    }
+    /// Wakes the progress thread that drives, without a command (an NCCL call posted for it).
+    pub fn wake(&self) {
+        if let Some(w) = self.waker.get() {
+            w.wake();
+        }
     }
     fn take(&self) -> VecDeque<Command> {
         if self.is_empty() {

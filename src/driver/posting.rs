@@ -5,8 +5,10 @@
 use super::{Driver, InFlight, Post, Transfer};
 use crate::error::{Error, Result};
 use crate::sys;
+use parking_lot::Mutex;
 use std::collections::VecDeque;
 use std::ffi::c_void;
+use std::sync::atomic::Ordering;
 
 impl Driver {
     /// Posts what waits, oldest first. A destination (or the receive side) that answers
@@ -63,6 +65,28 @@ impl Driver {
                 Ok(self.hand_over(p))
             }
         }
+    }
+
+    /// Posts one operation now on behalf of an NCCL call, on a lane that a progress thread
+    /// drives: straight to the provider when nothing handed in before it waits (posting
+    /// order is matching order), else behind what waits. Its completion, and a post the
+    /// provider refuses for now, are the thread's (which [`Health`](super::Health) tells
+    /// that the lane has work).
+    pub fn post_inline(&mut self, p: Post) -> Result<()> {
+        let serial = self.queue.serial();
+        let _turn = serial.as_deref().map(Mutex::lock);
+        self.health.check()?;
+        if !self.inbox.is_empty() || !self.waiting.is_empty() {
+            self.inbox.push(super::Command::Post(p));
+            return Ok(());
+        }
+        if let Some(p) = self.hand_over(p) {
+            self.waiting.push_back(p);
+        }
+        self.health
+            .in_flight
+            .store(self.in_flight(), Ordering::Release);
+        Ok(())
     }
 
     /// Hands one operation to the provider. `Some(p)` back: it said EAGAIN. A refused

@@ -47,6 +47,10 @@ pub struct Lane {
     /// A progress thread drives it, and NCCL's calls take turns too when the thread is not
     /// in one (`NCCL_FABRIC_PROGRESS_THREAD=both`).
     calls_help: bool,
+    /// A progress thread drives it, and NCCL's calls post sends and receives of at most
+    /// this many bytes themselves when the lane is free (`NCCL_FABRIC_INLINE_POST_BYTES`;
+    /// 0: none).
+    inline_post: usize,
     inbox: Arc<Inbox>,
     health: Arc<Health>,
     /// Its driver (`None` once retired): whoever holds this lock takes the driver's turn, its
@@ -85,13 +89,27 @@ impl Lane {
     /// again on a busy machine (8 B ping-pong with one busy core: 3 ms instead of 20 µs).
     pub fn submit(&self, post: Post) -> Result<Option<Post>> {
         if self.threaded {
-            // Through the inbox either way: posting order is matching order, and the thread
-            // retries what the provider refuses for now.
             // A failed endpoint refuses the post while the request can still be withdrawn.
-            // Once in the inbox the post is the driver's, and the request must stay: an error
+            // Once handed over the post is the driver's, and the request must stay: an error
             // of this turn, or a failure from now on, reaches it through the lane's health
             // when it is tested.
             self.health.check()?;
+            // A short message goes to the provider from this call when the lane is free:
+            // the thread would pick it up within a sweep of its endpoints, and on a small
+            // message's one-way trip that is time the peer waits.
+            if self.inline_post > 0 && post.transfer.bytes() <= self.inline_post {
+                if let Some(mut link) = self.link.try_lock() {
+                    if let Some(d) = &mut *link {
+                        d.post_inline(post)?;
+                        drop(link);
+                        // Its completion is the thread's to read, even where it dozes.
+                        self.inbox.wake();
+                        return Ok(None);
+                    }
+                }
+            }
+            // Else through the inbox: posting order is matching order, and the thread
+            // retries what the provider refuses for now.
             self.inbox.push(Command::Post(post));
             let _ = self.drive();
             return Ok(None);

@@ -47,6 +47,9 @@ pub struct LaneConfig {
     pub threads: usize,
     /// Where progress threads drive, NCCL's calls take turns on their comms' lanes too.
     pub calls_help: bool,
+    /// Where progress threads drive, NCCL's calls post operations of at most this many
+    /// bytes themselves when the lane is free (0: never).
+    pub inline_post: usize,
     /// Lanes per role: each comm's flows are that many of them at most.
     pub lanes: usize,
     /// Flows per comm (see [`first_lane`]).
@@ -536,6 +539,7 @@ impl LanePool {
             role,
             threaded,
             calls_help: threaded && c.calls_help,
+            inline_post: if threaded { c.inline_post } else { 0 },
             inbox,
             health,
             link: Mutex::new(Some(Box::new(driver))),

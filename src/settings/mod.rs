@@ -84,6 +84,9 @@ pub struct Settings {
     /// With progress threads, NCCL's calls take turns on their comms' lanes too
     /// (`NCCL_FABRIC_PROGRESS_THREAD=both`).
     pub calls_help: bool,
+    /// With progress threads, NCCL's calls post operations of at most this many bytes
+    /// themselves when the lane is free (0: never).
+    pub inline_post_bytes: usize,
     /// How long a progress thread with nothing to do spins before it sleeps on the
     /// provider's wait object (`None`: never).
     pub progress_spin: Option<Duration>,

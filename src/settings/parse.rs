@@ -107,6 +107,7 @@ impl Settings {
             merge: value(&lookup, MERGE)? == "yes",
             progress_thread: threads == "yes" || threads == "both",
             calls_help: threads == "both",
+            inline_post_bytes: number(INLINE_POST_BYTES)? as usize,
             progress_spin: Some(Duration::from_micros(number(PROGRESS_SPIN_US)?))
                 .filter(|&d| d < Duration::from_secs(10)),
             spin_auto: lookup(PROGRESS_SPIN_US).is_none(),

@@ -36,6 +36,7 @@ pub const MERGE: &str = "NCCL_FABRIC_MERGE";
 pub const LOG: &str = "NCCL_FABRIC_LOG";
 pub const PROGRESS_THREAD: &str = "NCCL_FABRIC_PROGRESS_THREAD";
 pub const PROGRESS_SPIN_US: &str = "NCCL_FABRIC_PROGRESS_SPIN_US";
+pub const INLINE_POST_BYTES: &str = "NCCL_FABRIC_INLINE_POST_BYTES";
 pub const LANES: &str = "NCCL_FABRIC_LANES";
 pub const FLOWS: &str = "NCCL_FABRIC_FLOWS";
 pub const THREADS: &str = "NCCL_FABRIC_THREADS";
@@ -257,6 +258,17 @@ pub const TABLE: &[Setting] = &[
                   thread is in one (NCCL's proxy thread then shares the provider's copies with \
                   fewer threads); `auto`: `yes` when the threads fit in this rank's CPUs beside \
                   NCCL's own 2"
+    },
+    Setting {
+        name: INLINE_POST_BYTES,
+        kind: Kind::Number { min: 0, max: 1 << 20 },
+        default: "16384",
+        meaning: "where progress threads drive, NCCL's call itself hands a send or receive of \
+                  at most this many bytes to the provider when no thread is in its endpoint \
+                  and nothing posted before it waits (else the thread posts it on its next \
+                  sweep); the thread still reads its completion. A small message's trip is \
+                  then one sweep shorter, for the provider's send in NCCL's proxy thread; \
+                  0: the threads post everything",
     },
     Setting {
         name: PROGRESS_SPIN_US,
