@@ -237,6 +237,7 @@ fn run(worker: &Worker, spin: Option<Duration>) {
         if let Some(spin) = spin {
             let quiet = quiet_since.get_or_insert_with(Instant::now).elapsed();
             if let Some(limit) = sleep_for(quiet, spin, nothing) {
+                worker.waker.look();
                 match sleep_on(&members, &mut fds) {
                     // Something is ready: a sweep will find it.
                     Together::Ready => continue,

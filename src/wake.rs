@@ -26,6 +26,8 @@ pub struct Waker {
     /// `None` when the system had no eventfd left: the thread then naps instead.
     bell: Option<Bell>,
     asleep: AtomicBool,
+    /// A wake came since the thread last looked (see [`Waker::look`]).
+    called: AtomicBool,
 }
 
 impl Waker {
@@ -38,12 +40,14 @@ impl Waker {
             thread,
             bell,
             asleep: AtomicBool::new(false),
+            called: AtomicBool::new(false),
         }
     }
 
     /// Wakes the thread if it naps or sleeps (work came, or it is to stop).
     pub fn wake(&self) {
-        // Pairs with the fence in `doze`: either the thread sees the work before it sleeps,
+        self.called.store(true, Ordering::Relaxed);
+        // Pairs with the fence in `doze`: either the thread sees the call before it sleeps,
         // or this sees it asleep and rings.
         std::sync::atomic::fence(Ordering::SeqCst);
         if self.asleep.load(Ordering::Relaxed) {
@@ -54,9 +58,17 @@ impl Waker {
         self.thread.unpark();
     }
 
-    /// Sleeps in `poll` on `fds` and the bell for at most `timeout`, unless `ready` (asked
-    /// after the thread is marked asleep) says work came meanwhile. False if there is no bell
-    /// to sleep on.
+    /// Forgets earlier wakes: the thread is about to ask its providers whether it may sleep
+    /// (`fi_trywait`), which sees what was posted so far. A wake after this (an NCCL call
+    /// that posted to a provider itself, after the provider's answer) keeps [`Waker::doze`]
+    /// from sleeping on an answer that no longer holds.
+    pub fn look(&self) {
+        self.called.store(false, Ordering::Relaxed);
+    }
+
+    /// Sleeps in `poll` on `fds` and the bell for at most `timeout`, unless a wake came since
+    /// [`Waker::look`] or `ready` (asked after the thread is marked asleep) says work came
+    /// meanwhile. False if there is no bell to sleep on.
     pub fn doze(
         &self,
         fds: &mut Vec<RawFd>,
@@ -68,7 +80,7 @@ impl Waker {
         };
         self.asleep.store(true, Ordering::Relaxed);
         std::sync::atomic::fence(Ordering::SeqCst);
-        if !ready() {
+        if !self.called.load(Ordering::Relaxed) && !ready() {
             fds.push(bell.fd());
             readable(fds, timeout);
             fds.pop();
@@ -166,5 +178,28 @@ mod tests {
         assert!(readable(&[bell.fd()], Duration::from_secs(30)));
         assert!(start.elapsed() < Duration::from_secs(30));
         t.join().unwrap();
+    }
+
+    /// A wake that came after the thread looked, before it dozed (an NCCL call posting to
+    /// the provider itself between the provider's "you may sleep" and the sleep), keeps it
+    /// awake; one from before it looked does not.
+    #[test]
+    fn a_wake_between_looking_and_dozing_keeps_the_thread_awake() {
+        let waker = Waker::new(std::thread::current());
+        let mut fds = Vec::new();
+        let long = Duration::from_secs(30);
+        waker.look();
+        waker.wake();
+        let start = Instant::now();
+        assert!(waker.doze(&mut fds, long, || false));
+        assert!(start.elapsed() < Duration::from_secs(10), "it slept");
+        waker.wake();
+        waker.look();
+        let start = Instant::now();
+        assert!(waker.doze(&mut fds, Duration::from_millis(100), || false));
+        assert!(
+            start.elapsed() >= Duration::from_millis(90),
+            "a wake it had already seen kept it awake"
+        );
     }
 }
