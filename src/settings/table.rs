@@ -268,7 +268,9 @@ pub const TABLE: &[Setting] = &[
                   and nothing posted before it waits (else the thread posts it on its next \
                   sweep); the thread still reads its completion. A small message's trip is \
                   then one sweep shorter, for the provider's send in NCCL's proxy thread; \
-                  0: the threads post everything",
+                  0: the threads post everything. Unset, 0 where the progress threads do not \
+                  fit in this rank's CPUs beside NCCL's 2 (threads forced onto too few cores \
+                  wait for one to read what the call posted)",
     },
     Setting {
         name: PROGRESS_SPIN_US,
