@@ -2,6 +2,11 @@
 //! endpoints (lanes), so the provider moves data while NCCL's threads do other work. How many
 //! threads follows the CPUs a rank has, never how many endpoints or flows there are.
 //!
+//! NCCL's calls hand the threads what to post, but for short sends and receives, which a call
+//! posts itself where the threads have cores of their own (`NCCL_FABRIC_INLINE_POST_BYTES`);
+//! the threads read every completion. A call's own post after a thread asked its providers
+//! whether it may sleep wakes it ([`Waker::look`]).
+//!
 //! A thread gives every endpoint with something in flight (or commands waiting) a turn in
 //! each sweep, and the others one every [`COLD_TURN`]: those have nothing to complete, and
 //! what they may need (a peer's connection request) can wait that long. A driver busy in

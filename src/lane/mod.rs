@@ -80,8 +80,10 @@ pub struct Lane {
 }
 
 impl Lane {
-    /// Hands an operation to the driver. A progress thread takes everything (it retries
-    /// what the provider refuses for now). With NCCL's calls driving, the call posts it at
+    /// Hands an operation to the driver. Where a progress thread drives, it takes everything
+    /// (it retries what the provider refuses for now), but a short operation the call posts
+    /// itself when nobody is in the lane and nothing waits before it (see
+    /// [`Driver::post_inline`]). With NCCL's calls driving, the call posts it at
     /// once and gives it back (`Some`) when the provider says "not now", for NCCL to call
     /// again; if another call is driving the lane right now, the operation is left in the
     /// inbox for that call's next turn (or this comm's next `test`) rather than waiting for
