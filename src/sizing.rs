@@ -53,9 +53,6 @@ pub const SPIN_US: u64 = 20_000;
 /// The same for threads forced onto fewer CPUs than they need: on 2 cores, threads that sleep
 /// after 50 µs moved 2–3× as much as threads that spin (`benches/transfer.rs`).
 pub const SPIN_CROWDED_US: u64 = 50;
-/// The longest send or receive an NCCL call posts itself where progress threads fit in the
-/// rank's CPUs (`NCCL_FABRIC_INLINE_POST_BYTES`).
-pub const INLINE_POST_BYTES: usize = 16 << 10;
 
 /// Threads NCCL itself keeps busy in each rank: its proxy thread, which calls the plugin,
 /// and the thread that drives the GPU.

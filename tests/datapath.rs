@@ -289,9 +289,8 @@ fn two_ranks_on_threads_with_progress_threads() {
     );
 }
 
-/// Progress threads posting every operation themselves, and NCCL's calls posting all but
-/// the longest (the default posts up to 16 KiB from the call): each order of posting keeps
-/// every message in its place.
+/// Progress threads posting every operation themselves (the default), and NCCL's calls
+/// posting all but the longest: each order of posting keeps every message in its place.
 #[test]
 fn two_ranks_on_threads_with_progress_threads_posting_more_or_less() {
     for bytes in ["0", "1048576"] {

@@ -17,9 +17,9 @@ mod table;
 pub use parse::{current, Current};
 pub use table::{
     markdown_table, unknown_in_env, unknown_names, Kind, Setting, ALLOW_TCP_RDM, CLOSE_TIMEOUT_MS,
-    CONNECT_TIMEOUT_MS, CONTROL_PROVIDER, DOMAINS, ENDPOINTS, EXCLUDE_DOMAINS, FLOWS, HMEM,
-    INLINE_POST_BYTES, LANES, LINGER_MS, LOG, MAX_RECVS, MERGE, PEER_TIMEOUT_MS, PIECE_BYTES,
-    PROGRESS_SPIN_US, PROGRESS_THREAD, PROVIDER, SPEED_MBPS, STALL_WARN_MS, TABLE, THREADS, TIMES,
+    CONNECT_TIMEOUT_MS, CONTROL_PROVIDER, DOMAINS, ENDPOINTS, EXCLUDE_DOMAINS, FLOWS, HMEM, LANES,
+    LINGER_MS, LOG, MAX_RECVS, MERGE, PEER_TIMEOUT_MS, PIECE_BYTES, PROGRESS_SPIN_US,
+    PROGRESS_THREAD, PROVIDER, SPEED_MBPS, STALL_WARN_MS, TABLE, THREADS, TIMES,
 };
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -87,8 +87,6 @@ pub struct Settings {
     /// With progress threads, NCCL's calls post operations of at most this many bytes
     /// themselves when the lane is free (0: never).
     pub inline_post_bytes: usize,
-    /// `NCCL_FABRIC_INLINE_POST_BYTES` was not set: `size_for_devices` picks it.
-    pub inline_post_auto: bool,
     /// How long a progress thread with nothing to do spins before it sleeps on the
     /// provider's wait object (`None`: never).
     pub progress_spin: Option<Duration>,

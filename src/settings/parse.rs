@@ -108,7 +108,6 @@ impl Settings {
             progress_thread: threads == "yes" || threads == "both",
             calls_help: threads == "both",
             inline_post_bytes: number(INLINE_POST_BYTES)? as usize,
-            inline_post_auto: lookup(INLINE_POST_BYTES).is_none(),
             progress_spin: Some(Duration::from_micros(number(PROGRESS_SPIN_US)?))
                 .filter(|&d| d < Duration::from_secs(10)),
             spin_auto: lookup(PROGRESS_SPIN_US).is_none(),

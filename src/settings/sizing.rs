@@ -2,9 +2,7 @@
 //! and the one line that says how it sized itself.
 
 use super::Settings;
-use crate::sizing::{
-    sizing_for, threads_fit, Cpus, INLINE_POST_BYTES, NCCL_BUSY_THREADS, SPIN_CROWDED_US, SPIN_US,
-};
+use crate::sizing::{sizing_for, threads_fit, Cpus, NCCL_BUSY_THREADS, SPIN_CROWDED_US, SPIN_US};
 use std::time::Duration;
 
 impl Settings {
@@ -22,18 +20,13 @@ impl Settings {
         if self.threads_auto {
             self.progress_thread = sized.threaded;
         }
-        // Threads that fit spin through a collective's gaps; threads forced onto fewer CPUs
-        // than they need (the count set, or threads where the sizing gave none) sleep soon,
-        // giving the cores back to NCCL's and each other, and post everything themselves:
-        // a call's own post leaves the completion to a thread that may wait a time slice
-        // for a core.
-        let fit = threads_fit(self.cpus.per_rank(), self.threads * self.devices);
         if self.spin_auto {
+            // Threads that fit spin through a collective's gaps; threads forced onto fewer
+            // CPUs than they need (the count set, or threads where the sizing gave none)
+            // sleep soon, giving the cores back to NCCL's and each other.
+            let fit = threads_fit(self.cpus.per_rank(), self.threads * self.devices);
             let us = if fit { SPIN_US } else { SPIN_CROWDED_US };
             self.progress_spin = Some(Duration::from_micros(us));
-        }
-        if self.inline_post_auto {
-            self.inline_post_bytes = if fit { INLINE_POST_BYTES } else { 0 };
         }
     }
 
@@ -96,10 +89,7 @@ mod tests {
     use super::*;
     use crate::settings::parse::tests::parse;
     use crate::settings::table::setting;
-    use crate::settings::{
-        INLINE_POST_BYTES as INLINE_POST_BYTES_SETTING, LANES, PROGRESS_SPIN_US, PROGRESS_THREAD,
-        THREADS,
-    };
+    use crate::settings::{LANES, PROGRESS_SPIN_US, PROGRESS_THREAD, THREADS};
 
     #[test]
     fn threads_forced_onto_too_few_cpus_sleep_sooner() {
@@ -150,43 +140,5 @@ mod tests {
             (true, None),
             "never"
         );
-    }
-
-    #[test]
-    fn calls_post_short_messages_themselves_only_where_threads_fit() {
-        let inline = |pairs: &[(&str, &str)], cpus: usize| {
-            let mut s = parse(pairs).unwrap();
-            s.cpus = Cpus {
-                allowed: cpus,
-                machine: cpus,
-                local_ranks: Some(1),
-            };
-            s.size_for_devices(1);
-            s.inline_post_bytes
-        };
-        assert_eq!(
-            setting(INLINE_POST_BYTES_SETTING).default,
-            INLINE_POST_BYTES.to_string(),
-            "documented default"
-        );
-        assert_eq!(inline(&[], 16), INLINE_POST_BYTES, "16 CPUs: threads fit");
-        assert_eq!(
-            inline(&[(PROGRESS_THREAD, "yes")], 2),
-            0,
-            "threads forced onto 2 CPUs post everything"
-        );
-        assert_eq!(inline(&[(THREADS, "16")], 16), 0, "16 threads do not fit");
-        assert_eq!(
-            inline(
-                &[
-                    (PROGRESS_THREAD, "yes"),
-                    (INLINE_POST_BYTES_SETTING, "4096")
-                ],
-                2
-            ),
-            4096,
-            "a value set is kept"
-        );
-        assert_eq!(inline(&[(INLINE_POST_BYTES_SETTING, "0")], 16), 0);
     }
 }

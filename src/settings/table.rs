@@ -262,15 +262,15 @@ pub const TABLE: &[Setting] = &[
     Setting {
         name: INLINE_POST_BYTES,
         kind: Kind::Number { min: 0, max: 1 << 20 },
-        default: "16384",
+        default: "0",
         meaning: "where progress threads drive, NCCL's call itself hands a send or receive of \
                   at most this many bytes to the provider when no thread is in its endpoint \
                   and nothing posted before it waits (else the thread posts it on its next \
-                  sweep); the thread still reads its completion. A small message's trip is \
-                  then one sweep shorter, for the provider's send in NCCL's proxy thread; \
-                  0: the threads post everything. Unset, 0 where the progress threads do not \
-                  fit in this rank's CPUs beside NCCL's 2 (threads forced onto too few cores \
-                  wait for one to read what the call posted)",
+                  sweep); the thread still reads its completion. A small message's trip can \
+                  then be one sweep shorter, for the provider's send in NCCL's proxy thread. \
+                  Not for threads forced onto too few cores: they wait for one to read what \
+                  the call posted (2 cores: an 8-byte ping-pong 40x slower). 0: the threads \
+                  post everything",
     },
     Setting {
         name: PROGRESS_SPIN_US,
