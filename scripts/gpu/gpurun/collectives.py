@@ -169,19 +169,24 @@ def stage_bound():
 
 
 def stage_latency():
-    """8-byte all_reduce_perf (2000 iterations): Socket, tcp;ofi_rxm, shm (or $LATENCY_RUNS: socket
-    fabric rxm shm, repeats allowed)"""
+    """all_reduce_perf from 8 bytes to $LATENCY_MAXBYTES (default 8), -n 2000 -w 200: Socket,
+    tcp;ofi_rxm, shm (or $LATENCY_RUNS: socket fabric rxm shm, or NAME:VAR=VALUE,VAR=VALUE for the
+    plugin over tcp;ofi_rxm with those settings; repeats allowed, so that variants can take
+    turns)"""
     plugin_env()
-    note("", f"## 8-byte all_reduce_perf ({shape_words()}, -n 2000 -w 200), P2P and SHM off: "
+    top = env_or("LATENCY_MAXBYTES", "8")
+    note("", f"## all_reduce_perf 8 B-{top} B ({shape_words()}, -n 2000 -w 200), P2P and SHM off: "
          "time in us (out-of-place, in-place)", "")
     ways = {"socket": socket(), "fabric": fabric(), "rxm": fabric(RXM), "shm": fabric(SHM)}
-    for i, name in enumerate(env_or("LATENCY_RUNS", "socket rxm shm").split(), 1):
+    for i, spec in enumerate(env_or("LATENCY_RUNS", "socket rxm shm").split(), 1):
+        name, _, settings = spec.partition(":")
+        env = fabric(RXM, *settings.split(",")) if settings else ways.get(name, [])
         log(f"run latency-{i}-{name}")
-        cmd = nccl_test(NCCL_TESTS_DIR, "all_reduce_perf", "-b", "8", "-e", "8", "-n", "2000", "-w", "200")
-        rc = execute(timed(cmd), [*NET_ONLY, *INFO, *ways.get(name, [])], out=logf(f"latency-{i}-{name}"))
-        times = [f"{w[5]} / {w[9]} us, #wrong {fmt(num(w[8]) + num(w[12]))}"
-                 for w in map(str.split, lines(logf(f"latency-{i}-{name}"))) if len(w) >= 13 and w[0] == "8"]
-        note(f"- {name} (rc={rc}): " + "\n".join(times))
+        cmd = nccl_test(NCCL_TESTS_DIR, "all_reduce_perf", "-b", "8", "-e", top, "-f", "2", "-n", "2000", "-w", "200")
+        rc = execute(timed(cmd), [*NET_ONLY, *INFO, *env], out=logf(f"latency-{i}-{name}"))
+        times = [f"{w[0]} B {w[5]} / {w[9]} us, #wrong {fmt(num(w[8]) + num(w[12]))}"
+                 for w in map(str.split, lines(logf(f"latency-{i}-{name}"))) if len(w) >= 13 and w[0].isdigit()]
+        note(f"- {spec} (rc={rc}): " + "; ".join(times))
 
 
 def stage_memory():
