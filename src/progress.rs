@@ -240,8 +240,10 @@ fn run(worker: &Worker, spin: Option<Duration>) {
         let nothing = || members.iter().all(|m| m.idle());
         if let Some(spin) = spin {
             let quiet = quiet_since.get_or_insert_with(Instant::now).elapsed();
+            // Before asking what is in flight: a call's own post after this keeps the doze
+            // below from sleeping on an answer it changed.
+            worker.waker.look();
             if let Some(limit) = sleep_for(quiet, spin, nothing) {
-                worker.waker.look();
                 match sleep_on(&members, &mut fds) {
                     // Something is ready: a sweep will find it.
                     Together::Ready => continue,

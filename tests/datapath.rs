@@ -290,17 +290,37 @@ fn two_ranks_on_threads_with_progress_threads() {
 }
 
 /// Progress threads posting every operation themselves (the default), and NCCL's calls
-/// posting all but the longest: each order of posting keeps every message in its place.
+/// posting all but the longest: each order of posting keeps every message in its place, and
+/// the calls' own posts happen only where allowed (each endpoint tells how many it took when
+/// it closes, which lanes that do not linger do before the process ends).
 #[test]
 fn two_ranks_on_threads_with_progress_threads_posting_more_or_less() {
-    for bytes in ["0", "1048576"] {
-        for_each_provider(
-            "child_two_ranks_threads",
-            &[
-                ("NCCL_FABRIC_PROGRESS_THREAD", "yes"),
-                ("NCCL_FABRIC_INLINE_POST_BYTES", bytes),
-            ],
-        );
+    let posted_by_calls = |stderr: &str| -> u64 {
+        stderr
+            .lines()
+            .filter_map(|l| l.split("NCCL's calls posted ").nth(1))
+            .filter_map(|rest| rest.split(' ').next()?.parse::<u64>().ok())
+            .sum()
+    };
+    for p in data_providers() {
+        for bytes in ["0", "1048576"] {
+            let f = child_over(
+                "child_two_ranks_threads",
+                p,
+                &[
+                    ("NCCL_FABRIC_PROGRESS_THREAD", "yes"),
+                    ("NCCL_FABRIC_INLINE_POST_BYTES", bytes),
+                    ("NCCL_FABRIC_LANE_LINGER_MS", "0"),
+                    ("NCCL_DEBUG", "TRACE"),
+                    ("NCCL_FABRIC_LOG", "debug"),
+                ],
+            );
+            let n = posted_by_calls(&f.stderr);
+            match bytes {
+                "0" => assert_eq!(n, 0, "{p}: calls posted themselves with the setting 0"),
+                _ => assert!(n > 0, "{p}: no call posted itself\n{}", f.stderr),
+            }
+        }
     }
 }
 

@@ -58,6 +58,13 @@ impl Driver {
     /// leaves it to that receiver to close after itself), then lets go of the owners of
     /// whatever was still in flight.
     pub fn finish(mut self) {
+        if self.by_calls.total > 0 {
+            tracing::debug!(
+                "{}: NCCL's calls posted {} operation(s) themselves",
+                self.label,
+                self.by_calls.total
+            );
+        }
         let _ = self.take_commands();
         for p in self.waiting.drain(..) {
             // SAFETY: as in take_commands.

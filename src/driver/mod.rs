@@ -93,6 +93,18 @@ pub struct Driver {
     events: Vec<Event>,
     /// Where the provider's name and what it drives are told in log lines.
     label: String,
+    /// Operations NCCL's calls handed to the provider themselves (see `post_inline`).
+    by_calls: ByCalls,
+}
+
+/// Operations NCCL's calls posted themselves on an endpoint a progress thread drives.
+#[derive(Default)]
+struct ByCalls {
+    /// Since the endpoint opened (told when it closes).
+    total: u64,
+    /// Since the thread's last turn, which counts them as its work (a thread that found
+    /// work keeps spinning rather than napping or sleeping).
+    unseen: usize,
 }
 
 // SAFETY: the raw op pointers in `in_flight` and `waiting` point into their owners, which are
@@ -113,6 +125,7 @@ impl Driver {
             sink_activity: Instant::now(),
             events: Vec::with_capacity(crate::endpoint::CQ_BATCH),
             label,
+            by_calls: ByCalls::default(),
         }
     }
 
@@ -161,7 +174,7 @@ impl Driver {
         let serial = self.queue.serial();
         let _turn = serial.as_deref().map(Mutex::lock);
         self.health.check()?;
-        let mut work = self.take_commands();
+        let mut work = self.take_commands() + std::mem::take(&mut self.by_calls.unseen);
         work += self.post_waiting();
         match self.read_completions() {
             Ok(n) => work += n,

@@ -72,16 +72,23 @@ impl Driver {
     /// order is matching order), else behind what waits. Its completion, and a post the
     /// provider refuses for now, are the thread's (which [`Health`](super::Health) tells
     /// that the lane has work).
+    /// A sibling endpoint's turn in progress where endpoints take turns
+    /// (`quirks::serial_progress`) sends the post to the inbox too: the call waits for
+    /// nobody.
     pub fn post_inline(&mut self, p: Post) -> Result<()> {
-        let serial = self.queue.serial();
-        let _turn = serial.as_deref().map(Mutex::lock);
         self.health.check()?;
-        if !self.inbox.is_empty() || !self.waiting.is_empty() {
+        let serial = self.queue.serial();
+        let turn = serial.as_deref().map(Mutex::try_lock);
+        if matches!(turn, Some(None)) || !self.inbox.is_empty() || !self.waiting.is_empty() {
             self.inbox.push(super::Command::Post(p));
             return Ok(());
         }
-        if let Some(p) = self.hand_over(p) {
-            self.waiting.push_back(p);
+        match self.hand_over(p) {
+            Some(p) => self.waiting.push_back(p),
+            None => {
+                self.by_calls.total += 1;
+                self.by_calls.unseen += 1;
+            }
         }
         self.health
             .in_flight
