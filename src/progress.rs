@@ -3,8 +3,9 @@
 //! threads follows the CPUs a rank has, never how many endpoints or flows there are.
 //!
 //! NCCL's calls hand the threads what to post, but for short sends and receives, which a call
-//! may post itself (`NCCL_FABRIC_INLINE_POST_BYTES`); the threads read every completion. A call's own post after a thread asked its providers
-//! whether it may sleep wakes it ([`Waker::look`]).
+//! may post itself (`NCCL_FABRIC_INLINE_POST_BYTES`); the threads read every completion. A
+//! call's own post after a thread asked its providers whether it may sleep wakes it
+//! ([`Waker::look`]).
 //!
 //! A thread gives every endpoint with something in flight (or commands waiting) a turn in
 //! each sweep, and the others one every [`COLD_TURN`]: those have nothing to complete, and

@@ -119,9 +119,7 @@ impl Inbox {
         q.push_back(c);
         self.len.store(q.len(), Ordering::Release);
         drop(q);
-        if let Some(w) = self.waker.get() {
-            w.wake();
-        }
+        self.wake();
     }
     pub fn is_empty(&self) -> bool {
         self.len.load(Ordering::Acquire) == 0

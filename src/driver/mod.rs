@@ -188,10 +188,15 @@ impl Driver {
         if !self.sinks.is_empty() {
             self.renew_sinks();
         }
+        self.tell_in_flight();
+        Ok(work)
+    }
+
+    /// Tells the lane's users (and its progress thread) how many operations it holds now.
+    fn tell_in_flight(&self) {
         self.health
             .in_flight
             .store(self.in_flight(), Ordering::Release);
-        Ok(work)
     }
 }
 

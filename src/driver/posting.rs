@@ -8,7 +8,6 @@ use crate::sys;
 use parking_lot::Mutex;
 use std::collections::VecDeque;
 use std::ffi::c_void;
-use std::sync::atomic::Ordering;
 
 impl Driver {
     /// Posts what waits, oldest first. A destination (or the receive side) that answers
@@ -72,6 +71,7 @@ impl Driver {
     /// order is matching order), else behind what waits. Its completion, and a post the
     /// provider refuses for now, are the thread's (which [`Health`](super::Health) tells
     /// that the lane has work).
+    ///
     /// A sibling endpoint's turn in progress where endpoints take turns
     /// (`quirks::serial_progress`) sends the post to the inbox too: the call waits for
     /// nobody.
@@ -90,9 +90,7 @@ impl Driver {
                 self.by_calls.unseen += 1;
             }
         }
-        self.health
-            .in_flight
-            .store(self.in_flight(), Ordering::Release);
+        self.tell_in_flight();
         Ok(())
     }
 
